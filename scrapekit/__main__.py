@@ -1,0 +1,5 @@
+"""``python -m scrapekit`` runs the command line."""
+
+from .cli import main
+
+main()

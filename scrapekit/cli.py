@@ -1,0 +1,247 @@
+"""The command line: the only layer that parses arguments, configures logging, prints and exits."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__, logs
+from .errors import RecipeError, ScrapekitError
+from .recipe import PartSpec, Recipe, load_recipe, options_of
+from .runner import Runner, build
+from .sources.leveldb import LevelDbQueue
+from .state import RunLock, StateDB, running_pid
+from .stats import read_json
+
+log = logging.getLogger("scrapekit.cli")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(exc: ScrapekitError) -> None:
+    click.echo(str(exc) if isinstance(exc, RecipeError) else f"error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def _recipe(path: str) -> Recipe:
+    try:
+        recipe = load_recipe(path)
+        if recipe.parse is not None:
+            build(recipe.parse, recipe)  # parsers check their expressions when built
+        return recipe
+    except ScrapekitError as exc:
+        _fail(exc)
+        raise  # unreachable: _fail exits
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="scrapekit")
+def main() -> None:
+    """scrapekit: run a scrape described by a YAML recipe, for minutes or for weeks."""
+
+
+# -- check ------------------------------------------------------------------------------------
+
+def _describe(spec: PartSpec, extra: str = "") -> str:
+    values = {name: p.default for name, p in options_of(spec.cls).items() if p.default is not inspect.Parameter.empty}
+    values.update(spec.options)
+    shown = " ".join(f"{k}={_short(v)}" for k, v in values.items())
+    return f"{spec.section:<9} {spec.type:<12} {shown}{extra}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@main.command()
+@click.argument("recipe")
+def check(recipe: str) -> None:
+    """Validate RECIPE; print its assembled parts (exit 0) or every error as path:line: key: message (exit 2)."""
+    r = _recipe(recipe)
+    lines = [
+        f"recipe    {r.path} (name {r.name})",
+        f"work      {r.run_dir}",
+        _describe(r.source, f" (window {r.window})"),
+        _describe(r.queue),
+        _describe(r.fetch, f" (concurrency {r.concurrency}, retries {r.retries})"),
+    ]
+    if r.parse is not None:
+        lines.append(_describe(r.parse))
+    lines += [_describe(spec) for spec in r.stores]
+    lines.append(f"limits    max_requests={r.max_requests} max_seconds={r.max_seconds:g}")
+    click.echo("\n".join(lines))
+    click.echo("ok")
+
+
+# -- run --------------------------------------------------------------------------------------
+
+class _LiveLine:
+    """A one-line progress display on a terminal, redrawn in place."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, snapshot: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        queue = snapshot["queue"]
+        text = (f"done {snapshot['done']}  failed {snapshot['failed']}  items {snapshot['items']}  "
+                f"{snapshot['rate']:.1f}/s  queue {queue['ready']}  delayed {queue['delayed']}")
+        sys.stderr.write("\r\x1b[K" + text)
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+@main.command()
+@click.argument("recipe")
+@click.option("--detach", is_flag=True, help="Run in the background (like nohup); print the pid and return.")
+@click.option("--max-requests", type=click.IntRange(min=0), default=None, help="Stop after N requests end.")
+@click.option("--no-console", is_flag=True, hidden=True)
+def run(recipe: str, detach: bool, max_requests: int | None, no_console: bool) -> None:
+    """Run RECIPE in the foreground (progress on the terminal, logs under work/<name>/log/)."""
+    r = _recipe(recipe)
+    if detach:
+        _detach(r, recipe, max_requests)
+        return
+    live = _LiveLine() if not no_console else None
+    handlers = logs.configure(r.run_dir, to_stderr=not no_console)
+    try:
+        reason = Runner(r, max_requests=max_requests, on_progress=live).run()
+    except ScrapekitError as exc:
+        log.error("%s", exc)
+        if live:
+            live.clear()
+        _fail(exc)
+    except Exception:
+        log.critical("unexpected error, run stopped", exc_info=True)
+        click.echo(f"error: unexpected; traceback in {logs.log_dir(r.run_dir) / 'critical.log'}", err=True)
+        sys.exit(1)
+    finally:
+        if live:
+            live.clear()
+        logs.unconfigure(handlers)
+    if not no_console:
+        click.echo(f"stopped: {reason}\n  output: {r.run_dir / 'out'}\n  logs:   {logs.log_dir(r.run_dir)}", err=True)
+
+
+def _detach(r: Recipe, recipe: str, max_requests: int | None) -> None:
+    pid_file = r.run_dir / "run.pid"
+    pid = running_pid(pid_file)
+    if pid is not None:
+        _fail(ScrapekitError(f"recipe {r.name!r} is already running (pid {pid})"))
+    log_dir = logs.log_dir(r.run_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "scrapekit", "run", str(Path(recipe).resolve()), "--no-console"]
+    if max_requests is not None:
+        command += ["--max-requests", str(max_requests)]
+    with open(log_dir / "detached.out", "ab") as out:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and child.poll() is None and running_pid(pid_file) != child.pid:
+        time.sleep(0.05)
+    if child.poll() not in (None, 0):
+        tail = (log_dir / "detached.out").read_text(errors="replace").strip().splitlines()[-1:]
+        click.echo(f"error: the run exited with code {child.returncode}: {' '.join(tail)}", err=True)
+        sys.exit(child.returncode or 1)
+    click.echo(f"started {r.name} in the background, pid {child.pid}\n"
+               f"  pid file: {pid_file}\n  logs:     {log_dir} (scrapekit tail {recipe})\n"
+               f"  output:   {r.run_dir / 'out'}\n  stop:     kill {child.pid}")
+
+
+# -- status -----------------------------------------------------------------------------------
+
+def _status(r: Recipe) -> dict[str, Any]:
+    pid = running_pid(r.run_dir / "run.pid")
+    stats = read_json(r.run_dir / "stats.json") or {}
+    queue = dict(stats.get("queue", {}))
+    totals = {k: stats.get(k, 0) for k in ("done", "failed", "buried", "items", "retries", "bytes")}
+    if pid is None and (r.run_dir / "state").is_dir():
+        try:
+            with RunLock(r.run_dir / "run.pid", r.name), StateDB(r.run_dir / "state") as state:
+                q = LevelDbQueue(state)
+                queue = q.counts()
+                totals.update({k: v for k, v in (q.get_state("stats") or {}).items() if k in totals})
+        except ScrapekitError:
+            pid = running_pid(r.run_dir / "run.pid")
+    ready = int(queue.get("ready", 0))
+    reserved = int(queue.get("reserved", 0)) if pid else 0
+    return {
+        "name": r.name, "running": pid is not None, "pid": pid,
+        "queued": ready - reserved, "reserved": reserved, "delayed": int(queue.get("delayed", 0)),
+        "buried": int(queue.get("buried", 0)), **totals,
+        "rate": stats.get("rate", 0.0) if pid else 0.0, "rate_avg": stats.get("rate_avg", 0.0),
+        "updated_at": stats.get("updated_at"), "stop_reason": None if pid else stats.get("stop_reason"),
+    }
+
+
+@main.command()
+@click.argument("recipe")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(recipe: str, as_json: bool) -> None:
+    """Show RECIPE's queue and counters, whether or not it is running."""
+    r = _recipe(recipe)
+    s = _status(r)
+    if as_json:
+        click.echo(json.dumps(s, sort_keys=True))
+        return
+    state = f"running (pid {s['pid']})" if s["running"] else f"not running (last stop: {s['stop_reason'] or 'unknown'})"
+    click.echo(f"{r.name}: {state}\n"
+               f"  queued {s['queued']}  reserved {s['reserved']}  delayed {s['delayed']}  buried {s['buried']}\n"
+               f"  done {s['done']}  failed {s['failed']}  items {s['items']}  retries {s['retries']}\n"
+               f"  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)")
+
+
+# -- tail -------------------------------------------------------------------------------------
+
+@main.command()
+@click.argument("recipe")
+@click.option("--log", "which", type=click.Choice(["console", "info", "critical"]), default="info", show_default=True)
+@click.option("-n", "lines", type=int, default=20, show_default=True, help="Lines of history to show first.")
+@click.option("--follow/--no-follow", default=True, show_default=True)
+def tail(recipe: str, which: str, lines: int, follow: bool) -> None:
+    """Show RECIPE's log and follow it (like tail -F); Ctrl-C to stop."""
+    r = _recipe(recipe)
+    path = logs.log_dir(r.run_dir) / f"{which}.log"
+    try:
+        _tail(path, lines, follow)
+    except KeyboardInterrupt:
+        pass
+
+
+def _tail(path: Path, lines: int, follow: bool) -> None:
+    while not path.exists():
+        if not follow:
+            raise click.ClickException(f"no log yet at {path}")
+        time.sleep(0.5)
+    handle = open(path, "rb")
+    history = handle.read().splitlines(keepends=True)[-lines:] if lines > 0 else []
+    for line in history:
+        click.echo(line.decode("utf-8", "replace"), nl=False)
+    while follow:
+        chunk = handle.readline()
+        if chunk:
+            click.echo(chunk.decode("utf-8", "replace"), nl=False)
+            continue
+        time.sleep(0.3)
+        try:
+            if os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino:
+                handle.close()
+                handle = open(path, "rb")  # rotated: follow the new file
+        except FileNotFoundError:
+            pass
+    handle.close()

@@ -1,0 +1,395 @@
+"""The runner: ``assemble`` builds the parts from a recipe, ``Runner.run`` owns the loop.
+
+reserve -> fetch -> parse (in fetch threads) -> write -> ack. Only the main thread touches the
+queue and the stores: a group of finished jobs is written, flushed, and acked in ONE batch with
+the stores' checkpoints, so after kill -9 every output row belongs to an acked job and every
+acked job has its row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import queue as stdqueue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from .errors import RecipeError
+from .fetchers import Fetcher
+from .logs import CONSOLE
+from .model import Item, Job, Request, Response
+from .parsers import Parser
+from .policy import decide
+from .recipe import PartSpec, Recipe
+from .sources import Source
+from .sources.leveldb import LevelDbQueue
+from .state import RunLock, StateDB
+from .stats import Stats, write_json_atomic
+from .stores import Checkpointed, Store
+
+log = logging.getLogger(__name__)
+
+_FEED_BATCH = 1000
+_COMMIT_BATCH = 512
+_STATS_EVERY = 1.0
+
+
+def build(spec: PartSpec, recipe: Recipe, **services: Any) -> Any:
+    """One part from its spec: recipe options plus the services its constructor asks for."""
+    params = inspect.signature(spec.cls).parameters
+    kwargs = dict(spec.options)
+    kwargs.update({name: value for name, value in services.items() if name in params})
+    try:
+        return spec.cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(str(recipe.path), spec.line, spec.section, str(exc)) from None
+
+
+@dataclass
+class Parts:
+    """Everything a run uses, built by ``assemble``; closed in reverse order by the ExitStack."""
+
+    source: Source
+    queue: LevelDbQueue
+    fetcher: Fetcher
+    parser: Parser | None
+    stores: list[tuple[str, Store]] = field(default_factory=list)
+
+
+def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[], float] = time.time) -> Parts:
+    """The composition root: turns the validated recipe into parts, sharing the state DB and clock."""
+    queue = build(recipe.queue, recipe, state=state, clock=clock)
+    stack.callback(queue.close)
+    source = build(recipe.source, recipe, clock=clock)
+    fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock)
+    stack.callback(fetcher.close)
+    parser = build(recipe.parse, recipe) if recipe.parse else None
+    parts = Parts(source, queue, fetcher, parser)
+    out_dir = recipe.run_dir / "out"
+    for index, spec in enumerate(recipe.stores):
+        state_name = f"store/{index}"
+
+        def on_open(checkpoint: dict[str, Any], state_name: str = state_name) -> None:
+            with queue.transaction() as tx:  # known to recovery before its first row
+                tx.set_state(state_name, checkpoint)
+
+        store = build(spec, recipe, out_dir=out_dir, name=recipe.name, clock=clock, on_open=on_open)
+        stack.callback(store.close)
+        if isinstance(store, Checkpointed):
+            store.recover(queue.get_state(state_name))
+        parts.stores.append((state_name, store))
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A job back from a fetch thread."""
+
+    job: Job
+    response: Response
+    items: list[Item]
+    links: list[Request]
+
+
+class Runner:
+    """Runs one recipe until its work is done, a limit is reached or a signal stops it.
+
+    ``run()`` returns the stop reason: done, max_requests, max_seconds or signal.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        max_requests: int | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        grace: float = 10.0,
+    ) -> None:
+        self.recipe = recipe
+        self.max_requests = recipe.max_requests if max_requests is None else max_requests
+        self.clock = clock
+        self.monotonic = monotonic
+        self.on_progress = on_progress
+        self.grace = grace
+        self.stop_reason: str | None = None
+        self._signals = 0
+        self._work: stdqueue.Queue[Job | None] = stdqueue.Queue()
+        self._done: stdqueue.Queue[Outcome] = stdqueue.Queue()
+        self._in_flight = 0
+        self._requests: Iterator[tuple[Request, str]] | None = None
+        self._source_exhausted = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> str:
+        recipe = self.recipe
+        run_dir = recipe.run_dir
+        with ExitStack() as stack:
+            stack.enter_context(RunLock(run_dir / "run.pid", recipe.name))
+            state = stack.enter_context(StateDB(run_dir / "state"))
+            parts = assemble(recipe, state, stack, self.clock)
+            self.parts = parts
+            totals = parts.queue.get_state("stats")
+            self.stats = Stats(totals, self.monotonic)
+            self._install_signals(stack)
+            threads = self._start_threads(parts)
+            stack.callback(self._stop_threads, threads)
+            log.info("started %s (pid %d, concurrency %d) from %s", recipe.name, os.getpid(),
+                     recipe.concurrency, recipe.path, extra=CONSOLE)
+            try:
+                self._loop(parts)
+            finally:
+                self._write_stats(running=False)
+            log.info("stopped: %s; %s", self.stop_reason, self._progress_text(), extra=CONSOLE)
+        return self.stop_reason or "done"
+
+    def _install_signals(self, stack: ExitStack) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self._signals += 1
+            if self.stop_reason is None:
+                self.stop_reason = "signal"
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.signal(signum, handler)
+            stack.callback(signal.signal, signum, previous)
+
+    def _start_threads(self, parts: Parts) -> list[threading.Thread]:
+        threads = [
+            threading.Thread(target=self._fetch_loop, args=(parts,), name=f"fetch-{i}", daemon=True)
+            for i in range(self.recipe.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _stop_threads(self, threads: list[threading.Thread]) -> None:
+        for _ in threads:
+            self._work.put(None)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _loop(self, parts: Parts) -> None:
+        started = self.monotonic()
+        next_stats = started
+        last_progress = (started, 0)
+        stopping_since: float | None = None
+        while True:
+            self._check_limits(started)
+            if self.stop_reason is None:
+                self._feed(parts)
+                self._dispatch(parts)
+            else:
+                now = self.monotonic()
+                if stopping_since is None:
+                    stopping_since = now
+                    self._withdraw()
+                if self._in_flight == 0 or self._signals > 1 or now - stopping_since > self.grace:
+                    break
+            outcomes = self._collect(idle=self._in_flight == 0)
+            if outcomes:
+                self._commit(parts, outcomes)
+            elif self._in_flight == 0 and self.stop_reason is None and self._finished(parts):
+                self.stop_reason = "done"
+            now = self.monotonic()
+            if now >= next_stats:
+                next_stats = now + _STATS_EVERY
+                self.stats.tick()
+                self._write_stats(running=True)
+            done = self.stats.finished()
+            if done - last_progress[1] >= self.recipe.progress_every or now - last_progress[0] >= self.recipe.progress_interval:
+                last_progress = (now, done)
+                log.info("progress: %s", self._progress_text(), extra=CONSOLE)
+
+    def _check_limits(self, started: float) -> None:
+        if self.stop_reason is not None:
+            return
+        if self.max_requests and self.stats.finished() >= self.max_requests:
+            self.stop_reason = "max_requests"
+        elif self.recipe.max_seconds and self.monotonic() - started >= self.recipe.max_seconds:
+            self.stop_reason = "max_seconds"
+
+    def _finished(self, parts: Parts) -> bool:
+        counts = parts.queue.counts()
+        return self._source_exhausted and counts["ready"] == 0 and counts["delayed"] == 0
+
+    def _feed(self, parts: Parts) -> None:
+        """Top the queue up from the source, at most ``window`` live jobs ahead."""
+        if self._source_exhausted:
+            return
+        counts = parts.queue.counts()
+        room = self.recipe.window - counts["ready"] - counts["delayed"]
+        if room <= 0 or (room < min(_FEED_BATCH, self.recipe.window) // 2 and counts["ready"] > 0):
+            return  # feed in batches, not one job per loop
+        if self._requests is None:
+            saved = parts.queue.get_state("source") or {}
+            position = saved.get("position") if saved.get("spec") == self._source_id() else None
+            self._requests = parts.source.requests(position)
+        position = None
+        skipped = 0
+        with parts.queue.transaction() as tx:
+            for _ in range(min(room, _FEED_BATCH)):
+                try:
+                    request, position = next(self._requests)
+                except StopIteration:
+                    self._source_exhausted = True
+                    break
+                skipped += not tx.put(request)
+            if position is not None:
+                tx.set_state("source", {"position": position, "spec": self._source_id()})
+        if skipped:
+            log.info("source: %d requests already queued or done, skipped", skipped)
+
+    def _source_id(self) -> str:
+        spec = self.recipe.source
+        return f"{spec.type}:{sorted((k, str(v)) for k, v in spec.options.items())}"
+
+    def _dispatch(self, parts: Parts) -> None:
+        limit = 2 * self.recipe.concurrency
+        if self.max_requests:
+            limit = min(limit, self.max_requests - self.stats.finished())
+        while self._in_flight < limit:
+            job = parts.queue.reserve()
+            if job is None:
+                return
+            self._in_flight += 1
+            self._work.put(job)
+
+    def _withdraw(self) -> None:
+        """Take back jobs no thread has started; they stay queued on disk for the next run."""
+        while True:
+            try:
+                job = self._work.get_nowait()
+            except stdqueue.Empty:
+                return
+            if job is not None:
+                self._in_flight -= 1
+
+    def _collect(self, idle: bool) -> list[Outcome]:
+        try:
+            first = self._done.get(timeout=0.2 if idle else 0.05)
+        except stdqueue.Empty:
+            return []
+        outcomes = [first]
+        while len(outcomes) < _COMMIT_BATCH:
+            try:
+                outcomes.append(self._done.get_nowait())
+            except stdqueue.Empty:
+                break
+        self._in_flight -= len(outcomes)
+        return outcomes
+
+    # -- fetch threads -----------------------------------------------------------------------
+
+    def _fetch_loop(self, parts: Parts) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            self._done.put(self._process(parts, job))
+
+    def _process(self, parts: Parts, job: Job) -> Outcome:
+        request = job.request
+        try:
+            response = parts.fetcher.fetch(request)
+            if response.error is None and parts.parser is not None:
+                items, links = parts.parser.parse(response)
+            else:
+                items, links = [], []
+            return Outcome(job, response, items, links)
+        except Exception as exc:  # the part boundary: a bug in a part must not stop the run
+            log.critical("part failed on %r: %s: %s", request.url, type(exc).__name__, exc, exc_info=True)
+            response = Response(request, 0, "part_error", fetched_at=self.clock(), error="part_error")
+            return Outcome(job, response, [], [])
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def _commit(self, parts: Parts, outcomes: list[Outcome]) -> None:
+        """Write the outcomes' records, then ack them with the stores' checkpoints in one batch."""
+        decisions = [decide(o.response, self.recipe.retries, self.recipe.backoff) for o in outcomes]
+        for outcome, decision in zip(outcomes, decisions):
+            if decision.action == "retry":
+                continue
+            for _, store in parts.stores:
+                if store.records == "pages":
+                    store.write(outcome.response)
+                else:
+                    for item in outcome.items:
+                        store.write(item)
+        checkpoints = []
+        for state_name, store in parts.stores:
+            store.flush()
+            if isinstance(store, Checkpointed):
+                checkpoints.append((state_name, store.checkpoint()))
+        stats = self.stats
+        with parts.queue.transaction() as tx:
+            for outcome, decision in zip(outcomes, decisions):
+                response, job = outcome.response, outcome.job
+                if decision.action == "retry":
+                    log.info("retry in %.1fs (attempt %d): %r %s %s", decision.delay, job.request.attempt + 1,
+                             job.request.url, response.status, response.error)
+                    tx.retry(job, decision.delay, dataclasses.replace(job.request, attempt=job.request.attempt + 1))
+                    stats.count("retries")
+                    continue
+                if decision.action == "bury":
+                    tx.bury(job, response.error or "")
+                    stats.count("buried")
+                else:
+                    tx.ack(job, outcome.links)
+                    stats.count("done" if response.error is None else "failed")
+                    if response.error is not None:
+                        log.info("failed: %r %s %s", job.request.url, response.status, response.error)
+                stats.count("items", len(outcome.items))
+                stats.count("bytes", len(response.body))
+                stats.statuses[str(response.status)] += 1
+                if response.error:
+                    stats.errors[response.error] += 1
+            for state_name, checkpoint in checkpoints:
+                tx.set_state(state_name, checkpoint)
+            tx.set_state("stats", stats.persistent())
+        for _, store in parts.stores:
+            if isinstance(store, Checkpointed):
+                store.committed()
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _write_stats(self, running: bool) -> None:
+        parts = getattr(self, "parts", None)
+        if parts is None:
+            return
+        snapshot = self.stats.snapshot(
+            parts.queue.counts(), name=self.recipe.name, pid=os.getpid(), running=running,
+            updated_at=self.clock(), stop_reason=self.stop_reason, in_flight=self._in_flight,
+        )
+        try:
+            write_json_atomic(self.recipe.run_dir / "stats.json", snapshot)
+        except OSError as exc:
+            log.warning("cannot write stats.json: %s", exc)
+        if self.on_progress is not None:
+            self.on_progress(snapshot)
+
+    def _progress_text(self) -> str:
+        stats = self.stats
+        counts = self.parts.queue.counts()
+        return (
+            f"done {stats.totals['done']} failed {stats.totals['failed']} buried {stats.totals['buried']} "
+            f"items {stats.totals['items']} | {stats.rate():.1f}/s | queue {counts['ready']} "
+            f"delayed {counts['delayed']} in flight {self._in_flight}"
+        )
+
+
+def run_recipe(recipe: Recipe, **kwargs: Any) -> str:
+    """Run ``recipe`` to its end; returns the stop reason (see Runner)."""
+    return Runner(recipe, **kwargs).run()
+

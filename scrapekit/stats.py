@@ -1,0 +1,85 @@
+"""Live counters of a run, saved to work/<name>/stats.json for ``scrapekit status``.
+
+Totals (done, failed, items, ...) are cumulative over every run of the recipe: the runner saves
+them in the same batch as its acks, so they agree with the queue after kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+TOTALS = ("done", "failed", "buried", "retries", "items", "bytes")
+
+
+class Stats:
+    """Counters plus a sliding window for the current rate (finished requests per second)."""
+
+    def __init__(self, totals: Mapping[str, Any] | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 window: float = 10.0) -> None:
+        totals = totals or {}
+        self.totals: dict[str, int] = {name: int(totals.get(name, 0)) for name in TOTALS}
+        self.statuses: Counter[str] = Counter(totals.get("statuses", {}))
+        self.errors: Counter[str] = Counter(totals.get("errors", {}))
+        self.session: Counter[str] = Counter()
+        self._monotonic = monotonic
+        self._window = window
+        self._started = monotonic()
+        self._marks: deque[tuple[float, int]] = deque([(self._started, 0)])
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.totals[name] += n
+        self.session[name] += n
+
+    def finished(self) -> int:
+        """Requests that reached their final outcome in this session."""
+        return self.session["done"] + self.session["failed"] + self.session["buried"]
+
+    def tick(self) -> None:
+        now = self._monotonic()
+        self._marks.append((now, self.finished()))
+        while len(self._marks) > 2 and now - self._marks[1][0] >= self._window:
+            self._marks.popleft()
+
+    def rate(self) -> float:
+        (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def average_rate(self) -> float:
+        elapsed = self._monotonic() - self._started
+        return self.finished() / elapsed if elapsed > 0 else 0.0
+
+    def persistent(self) -> dict[str, Any]:
+        """What goes into the state batch with the acks."""
+        return {**self.totals, "statuses": dict(self.statuses), "errors": dict(self.errors)}
+
+    def snapshot(self, queue: Mapping[str, int], **extra: Any) -> dict[str, Any]:
+        return {
+            **self.totals,
+            "session": dict(self.session),
+            "rate": round(self.rate(), 2),
+            "rate_avg": round(self.average_rate(), 2),
+            "uptime": round(self._monotonic() - self._started, 1),
+            "statuses": dict(self.statuses),
+            "errors": dict(self.errors),
+            "queue": dict(queue),
+            **extra,
+        }
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` so a reader never sees half a file (write aside, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
