@@ -118,7 +118,10 @@ def run(recipe: str, detach: bool, max_requests: int | None, no_console: bool) -
         _detach(r, recipe, max_requests)
         return
     live = _LiveLine() if not no_console else None
-    handlers = logs.configure(r.run_dir, to_stderr=not no_console)
+    try:
+        handlers = logs.configure(r.run_dir, to_stderr=not no_console)
+    except OSError as exc:
+        _fail(ScrapekitError(f"cannot write to the work directory {r.run_dir}: {exc.strerror or exc}"))
     try:
         reason = Runner(r, max_requests=max_requests, on_progress=live).run()
     except ScrapekitError as exc:

@@ -26,6 +26,7 @@ INJECTED = frozenset({"state", "clock", "out_dir", "name", "on_open", "work_dir"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _MAX_NODES = 100_000
+_PLAIN_TAGS = frozenset({"2002:map", "2002:seq", "2002:str", "2002:int", "2002:float", "2002:bool", "2002:null"})
 _NOT_YET = ("politeness", "follow", "paginate", "reschedule")
 DEFAULT_BACKOFF: dict[str, float] = {
     "timeout": 2.0, "refused": 5.0, "broken_body": 2.0,
@@ -75,6 +76,8 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: str, key: str, coun
     if count[0] > _MAX_NODES:
         raise RecipeError(path, node.start_mark.line + 1, key, f"more than {_MAX_NODES} values (alias expansion?)")
     line = node.start_mark.line + 1
+    if node.tag.removeprefix("tag:yaml.org,") not in _PLAIN_TAGS:
+        raise RecipeError(path, line, key, f"yaml: tag {node.tag!r} is not allowed in a recipe")
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Node] = {}
         for key_node, value_node in node.value:

@@ -15,7 +15,7 @@ from typing import IO
 
 import plyvel
 
-from .errors import AlreadyRunning, QueueError
+from .errors import AlreadyRunning, QueueError, ScrapekitError
 
 
 class RunLock:
@@ -30,8 +30,11 @@ class RunLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+")
+        except OSError as exc:
+            raise ScrapekitError(f"cannot write the pid file {self.path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

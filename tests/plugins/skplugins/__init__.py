@@ -42,3 +42,12 @@ class ListStore:
 
     def close(self) -> None:
         self._file.close()
+
+
+class BrokenParser:
+    """A parser with a bug: it raises on pages whose URL contains ``boom``."""
+
+    def parse(self, response: Response) -> tuple[list[Item], list[Request]]:
+        if "boom" in response.request.url:
+            raise ZeroDivisionError("a bug in a plugin")
+        return [], []
