@@ -19,10 +19,9 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class _OneLine(logging.Formatter):
     """UTC timestamps; newlines in messages escaped so every event stays on one line."""
 
-    converter = time.gmtime
-
     def __init__(self, tracebacks: bool) -> None:
         super().__init__(_FORMAT, "%Y-%m-%dT%H:%M:%SZ")
+        self.converter = time.gmtime
         self.tracebacks = tracebacks
 
     def format(self, record: logging.LogRecord) -> str:

@@ -70,7 +70,7 @@ def _first(result: Any) -> Any:
             return None
         result = result[0]
     if isinstance(result, etree._Element):
-        return result.text_content().strip()
+        return "".join(str(text) for text in result.itertext()).strip()
     if isinstance(result, str):
         return result.strip()
     return result
@@ -101,7 +101,10 @@ class HtmlParser:
             return [], []
         request = response.request
         items = []
-        for element in self._each(root):
+        selected = self._each(root)
+        for element in selected if isinstance(selected, list) else []:
+            if not isinstance(element, etree._Element):
+                continue
             fields = {name: _first(xpath(element)) for name, xpath in self._fields.items()}
             items.append(Item(fields, request.url, request.key, response.fetched_at))
         return items, []

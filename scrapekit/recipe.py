@@ -4,6 +4,7 @@ parts and plugins are validated the same way; every error names file, line and k
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import inspect
 import re
@@ -118,7 +119,7 @@ class PartSpec:
     section: str
     kind: str
     type: str
-    cls: type
+    cls: builtins.type
     options: Mapping[str, Any]
     line: int
 
@@ -292,7 +293,7 @@ def options_of(cls: type) -> dict[str, inspect.Parameter]:
 
 def _hints(cls: type) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(cls.__init__)
+        return typing.get_type_hints(getattr(cls, "__init__"))
     except (NameError, TypeError):
         return {}
 

@@ -244,8 +244,8 @@ class LevelDbQueue:
         except (plyvel.Error, OSError) as exc:
             raise QueueError(f"cannot write the queue batch: {exc}") from None
         self._counts = counts
-        for key in tx._settled:
-            self._reserved.pop(key, None)
+        for job_id in tx._settled:
+            self._reserved.pop(job_id, None)
         if tx._earliest_due is not None and (self._next_due is None or tx._earliest_due < self._next_due):
             self._next_due = tx._earliest_due
         if tx._lowest_ready is not None and self._cursor is not None and tx._lowest_ready <= self._cursor:
