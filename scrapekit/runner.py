@@ -82,9 +82,13 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
                 tx.set_state(state_name, checkpoint)
 
         store = build(spec, recipe, out_dir=out_dir, name=recipe.name, clock=clock, on_open=on_open)
-        stack.callback(store.close)
         if isinstance(store, Checkpointed):
             store.recover(queue.get_state(state_name))
+            # Seal only on a clean stop: after a failure the chunk may hold rows of unacked jobs,
+            # so it stays a .part file that the next start cuts back to the last checkpoint.
+            stack.push(lambda exc_type, exc, tb, store=store: store.close() if exc_type is None else None)
+        else:
+            stack.callback(store.close)
         parts.stores.append((state_name, store))
     return parts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import re
 import signal
 import subprocess
@@ -157,3 +158,43 @@ def test_unwritable_work_dir_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "afile/work" in result.stderr
+
+
+def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path: Path, site) -> None:
+    """Writes past RLIMIT_FSIZE fail with EFBIG, as on a full disk: the run stops with one line,
+    and a restart still gives exactly one row per seed."""
+    urls = [f"{site.url}/page/{n}" for n in range(400)]
+    path = recipe(tmp_path, urls, "fetch: {concurrency: 4}\n")
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full = subprocess.run([sys.executable, "-m", "scrapekit", "run", str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert full.returncode == 1
+    assert "error: cannot write" in full.stderr and "File too large" in full.stderr
+    assert "Traceback" not in full.stderr
+    assert list((tmp_path / "work" / "t" / "out").glob("*/*.tsv.part"))  # left for recovery, not sealed
+    again = scrapekit("run", str(path), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    counts = Counter(r.url for r in sealed_rows(tmp_path))
+    assert set(counts) == set(urls) and max(counts.values()) == 1
+
+
+def test_the_bundled_demo_recipe_runs_through_the_cli(tmp_path: Path, site) -> None:
+    demo = (ROOT / "recipes" / "demo.yaml").read_text()
+    seeds = (ROOT / "recipes" / "demo-urls.txt").read_text().replace("http://127.0.0.1:8765", site.url)
+    (tmp_path / "demo-urls.txt").write_text(seeds)
+    (tmp_path / "demo.yaml").write_text(demo)
+    result = scrapekit("run", str(tmp_path / "demo.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "work" / "demo" / "out"
+    pages = [row for chunk in out.glob("*/*.tsv") for row in read_tsv(chunk)]
+    seed_urls = [line for line in seeds.splitlines() if line and not line.startswith("#")]
+    assert sorted(r.url for r in pages) == sorted(seed_urls)
+    assert {r.status for r in pages if "page-999" in r.url} == {404}
+    items = [json.loads(line) for chunk in out.glob("*/*.jsonl") for line in chunk.read_text().splitlines()]
+    catalogue_items = [i for i in items if "/catalogue/" in i["_url"]]
+    assert len(catalogue_items) == 50 * 20
+    assert all(i["title"] and i["price"].startswith("£") and i["url"].startswith("/book/") for i in catalogue_items)
