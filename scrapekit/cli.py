@@ -205,8 +205,9 @@ def status(recipe: str, as_json: bool) -> None:
     state = f"running (pid {s['pid']})" if s["running"] else f"not running (last stop: {s['stop_reason'] or 'unknown'})"
     click.echo(f"{r.name}: {state}\n"
                f"  queued {s['queued']}  reserved {s['reserved']}  delayed {s['delayed']}  buried {s['buried']}\n"
-               f"  done {s['done']}  failed {s['failed']}  items {s['items']}  retries {s['retries']}\n"
-               f"  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)")
+               f"  done {s['done']}  failed {s['failed']}  items {s['items']}  retries {s['retries']}"
+               + (f"\n  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)" if s["running"]
+                  else f"\n  last run's average rate {s['rate_avg']:.1f}/s"))
 
 
 # -- tail -------------------------------------------------------------------------------------

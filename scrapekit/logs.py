@@ -9,6 +9,7 @@ import logging.handlers
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 CONSOLE = {"console": True}
 """Pass as ``extra=`` to send an info line to the console log too (progress, start, stop)."""
@@ -37,6 +38,14 @@ class _OneLine(logging.Formatter):
         return record
 
 
+class _TerminalHandler(logging.StreamHandler[TextIO]):
+    """Clears a live progress line before each log line, so the two never share a line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream.write("\r\x1b[K")
+        super().emit(record)
+
+
 def _console_filter(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING or bool(getattr(record, "console", False))
 
@@ -62,7 +71,8 @@ def configure(run_dir: Path, to_stderr: bool) -> list[logging.Handler]:
     add(logging.handlers.WatchedFileHandler(directory / "info.log", encoding="utf-8"), logging.INFO, False, False)
     add(logging.handlers.WatchedFileHandler(directory / "critical.log", encoding="utf-8"), logging.ERROR, True, False)
     if to_stderr:
-        add(logging.StreamHandler(sys.stderr), logging.INFO, False, True)
+        terminal = _TerminalHandler(sys.stderr) if sys.stderr.isatty() else logging.StreamHandler(sys.stderr)
+        add(terminal, logging.INFO, False, True)
     root = logging.getLogger("scrapekit")
     root.setLevel(logging.INFO)
     root.propagate = False

@@ -153,7 +153,8 @@ class Runner:
                 self._loop(parts)
             finally:
                 self._write_stats(running=False)
-            log.info("stopped: %s; %s", self.stop_reason, self._progress_text(), extra=CONSOLE)
+            log.info("stopped: %s; this run finished %d requests at %.1f/s; %s", self.stop_reason,
+                     self.stats.finished(), self.stats.average_rate(), self._progress_text(), extra=CONSOLE)
         return self.stop_reason or "done"
 
     def _install_signals(self, stack: ExitStack) -> None:
