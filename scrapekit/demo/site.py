@@ -8,6 +8,7 @@ import argparse
 import json
 import signal
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
 from types import FrameType
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 CATALOGUE_PAGES = 50
@@ -89,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         parts = urlsplit(self.path)
-        self.server.site.record(self.command, self.path, parts.path, dict(self.headers.items()))
+        self.server.site.record(self.command, self.path, parts.path, dict(self.headers.items()), self.client_address[1])
         segments = [s for s in parts.path.split("/") if s]
         route = ROUTES.get(segments[0] if segments else "")
         query = parse_qs(parts.query)
@@ -227,6 +229,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     site: DemoSite
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet about clients that hang up (a capped fetch does it on purpose)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class DemoSite:
     """The site on ``host:port`` (0 = a free port) in a background thread; a context manager."""
@@ -236,7 +243,8 @@ class DemoSite:
             raise ValueError(f"the demo site serves loopback only, not {host}")
         self.host = host
         self.hits: Counter[str] = Counter()
-        self.requests_log: list[tuple[str, str, dict[str, str]]] = []
+        self.requests_log: list[tuple[str, str, dict[str, str], int]] = []
+        """(method, path with query, headers, client port) of every request, in order."""
         self._lock = threading.Lock()
         self._server = _Server((host, port), _Handler)
         self._server.site = self
@@ -244,17 +252,18 @@ class DemoSite:
         self.url = f"http://{host}:{self.port}"
         self._thread: threading.Thread | None = None
 
-    def record(self, method: str, path_with_query: str, path: str, headers: dict[str, str]) -> None:
+    def record(self, method: str, path_with_query: str, path: str, headers: dict[str, str], port: int) -> None:
         with self._lock:
             self.hits[path] += 1
-            self.requests_log.append((method, path_with_query, headers))
+            self.requests_log.append((method, path_with_query, headers, port))
 
     def hits_snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.hits)
 
     def start(self) -> DemoSite:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="demo-site", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="demo-site",
+                                        daemon=True)
         self._thread.start()
         return self
 
