@@ -16,18 +16,7 @@ from scrapekit import AlreadyRunning, QueueError, Request
 from scrapekit.sources.leveldb import LevelDbQueue
 from scrapekit.state import RunLock, StateDB
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
+from .conftest import FakeClock
 
 
 @pytest.fixture
@@ -37,7 +26,7 @@ def state(tmp_path: Path) -> Iterator[StateDB]:
 
 
 @pytest.fixture
-def queue(state: StateDB, clock: Clock) -> LevelDbQueue:
+def queue(state: StateDB, clock: FakeClock) -> LevelDbQueue:
     return LevelDbQueue(state, clock=clock)
 
 
@@ -66,7 +55,7 @@ def test_a_key_queued_or_done_is_not_queued_again(queue: LevelDbQueue) -> None:
     assert queue.reserve() is None
 
 
-def test_delayed_job_becomes_ready_when_due(queue: LevelDbQueue, clock: Clock) -> None:
+def test_delayed_job_becomes_ready_when_due(queue: LevelDbQueue, clock: FakeClock) -> None:
     queue.put(Request("http://a.test/later", not_before=clock.now + 30))
     queue.put(Request("http://a.test/now"))
     assert drain(queue) == ["http://a.test/now"]
@@ -76,7 +65,7 @@ def test_delayed_job_becomes_ready_when_due(queue: LevelDbQueue, clock: Clock) -
     assert queue.counts() == {"ready": 0, "delayed": 0, "buried": 0, "done": 2, "reserved": 0}
 
 
-def test_retry_gives_the_job_back_after_its_delay(queue: LevelDbQueue, clock: Clock) -> None:
+def test_retry_gives_the_job_back_after_its_delay(queue: LevelDbQueue, clock: FakeClock) -> None:
     queue.put(Request("http://a.test/r"))
     job = queue.reserve()
     assert job is not None
@@ -133,7 +122,7 @@ def test_acking_a_job_not_reserved_is_an_error(queue: LevelDbQueue) -> None:
         queue.ack(job)
 
 
-def test_reserved_jobs_come_back_after_reopen(tmp_path: Path, clock: Clock) -> None:
+def test_reserved_jobs_come_back_after_reopen(tmp_path: Path, clock: FakeClock) -> None:
     with StateDB(tmp_path / "s") as state:
         queue = LevelDbQueue(state, clock=clock)
         for i in range(5):
