@@ -1,12 +1,13 @@
-"""Fetchers: ``http`` (GET, redirects followed) and ``head`` (HEAD, Location kept), on one pooled
-requests.Session. Anticipated failures come back as a Response with an error kind, never raised."""
+"""Fetchers: ``http`` (GET, redirects followed) and ``head`` (HEAD, Location kept), each on one pooled
+requests.Session, and the tables that turn statuses and requests/urllib3 exceptions into error kinds."""
 
 from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from datetime import timezone
+from typing import Protocol, Self
 
 import requests
 import requests.adapters
@@ -17,10 +18,14 @@ from .units import Bytes, Seconds
 
 
 class Fetcher(Protocol):
-    """``fetch(request)`` gives a Response; called from many threads at once.
+    """Turns a Request into a Response; the runner calls ``fetch`` from many threads at once.
 
-    It never raises for anticipated failures (timeouts, refused connections, bad status, too
-    large): the Response carries the error kind and the last status seen (0 when none).
+    The runner may rely on: ``fetch`` never raises for an anticipated failure (timeout, refused
+    connection, DNS, bad URL, redirect loop, broken body, status >= 400). It returns a Response whose
+    ``error`` is one of ERROR_KINDS (None on success) and whose ``status`` is the last HTTP status
+    seen, 0 when none was. A body cut at the size cap is not an error: ``truncated`` says so.
+    Anything it does raise is a bug, caught by the runner at the part boundary. After ``close``
+    no fetch is made.
     """
 
     def fetch(self, request: Request) -> Response: ...
@@ -29,76 +34,129 @@ class Fetcher(Protocol):
 
 
 STATUS_ERRORS: dict[int, str] = {
-    400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone",
-    429: "rate_limited", 500: "server_error", 502: "bad_gateway", 503: "unavailable", 504: "gateway_timeout",
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    410: "gone",
+    429: "rate_limited",
+    500: "server_error",
+    502: "bad_gateway",
+    503: "unavailable",
+    504: "gateway_timeout",
 }
-"""HTTP status -> error kind; other 4xx are client_error, other 5xx server_error."""
+"""HTTP status -> error kind; a status not listed falls back to its class in STATUS_CLASS_ERRORS."""
+
+STATUS_CLASS_ERRORS: dict[int, str] = {4: "client_error", 5: "server_error"}
+"""Status // 100 -> error kind for statuses STATUS_ERRORS does not list; below 400 is success."""
 
 EXCEPTION_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (requests.exceptions.TooManyRedirects, "too_many_redirects"),
-    (requests.exceptions.SSLError, "ssl"),
-    (requests.exceptions.ProxyError, "proxy"),
-    (requests.exceptions.Timeout, "timeout"),
-    (urllib3.exceptions.TimeoutError, "timeout"),
     (urllib3.exceptions.NameResolutionError, "dns"),
+    (requests.exceptions.SSLError, "ssl"),
+    (requests.exceptions.Timeout, "timeout"),
+    (urllib3.exceptions.ReadTimeoutError, "timeout"),  # mid-body, requests wraps it in a ConnectionError
     (requests.exceptions.ChunkedEncodingError, "broken_body"),
     (requests.exceptions.ContentDecodingError, "broken_body"),
+    (requests.exceptions.ConnectionError, "refused"),  # before a response: refused, reset, hung up
     (urllib3.exceptions.ProtocolError, "broken_body"),
-    (urllib3.exceptions.DecodeError, "broken_body"),
-    (requests.exceptions.ConnectionError, "refused"),
     (requests.exceptions.InvalidURL, "bad_url"),
     (requests.exceptions.MissingSchema, "bad_url"),
     (requests.exceptions.InvalidSchema, "bad_url"),
-    (requests.exceptions.InvalidHeader, "bad_header"),
     (BadUrl, "bad_url"),
 )
-"""Exception -> error kind, first match wins (subclasses before their bases)."""
+"""Exception -> error kind. The first row matching the exception or any exception it wraps wins,
+so the specific rows come first: a ConnectionError wrapping a NameResolutionError is ``dns``."""
 
-ERROR_KINDS = frozenset(STATUS_ERRORS.values()) | {kind for _, kind in EXCEPTION_ERRORS} | {"client_error"}
+ERROR_KINDS: frozenset[str] = (
+    frozenset(STATUS_ERRORS.values()) | frozenset(STATUS_CLASS_ERRORS.values())
+    | frozenset(kind for _, kind in EXCEPTION_ERRORS)
+)
+"""Every error kind a fetcher in this module can put on a Response."""
 
+_LIBRARY_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
 _CHUNK = 16384  # decompressed bytes per read: a gzip bomb inflates at most this much past the cap
+_MAX_WRAPPED = 4  # requests -> MaxRetryError -> urllib3 cause is as deep as it gets
+_MAX_REASON = 200
 
 
 def status_error(status: int) -> str | None:
+    """The error kind of an HTTP status; None for a status below 400."""
     if status < 400:
         return None
-    return STATUS_ERRORS.get(status) or ("client_error" if status < 500 else "server_error")
+    # statuses past 599 are nonstandard; they count as server errors rather than successes
+    return STATUS_ERRORS.get(status) or STATUS_CLASS_ERRORS[min(status // 100, 5)]
 
 
-def exception_error(exc: BaseException) -> str:
+def exception_error(exc: BaseException) -> str | None:
+    """The error kind of an exception from requests or urllib3, None if it is not an anticipated one."""
+    chain = tuple(_wrapped(exc))
     for cls, kind in EXCEPTION_ERRORS:
-        if isinstance(exc, cls):
-            if kind == "refused" and "NameResolution" in repr(exc):
-                return "dns"
+        if any(isinstance(link, cls) for link in chain):
             return kind
-    return "broken_body" if isinstance(exc, OSError) else "refused"
+    return None
 
 
 def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds from a Retry-After header: delta seconds or an HTTP date."""
+    """Seconds to wait from a Retry-After value: delay seconds (``120``) or an HTTP date counted
+    from ``now`` (a date in the past is 0); None when absent or unreadable."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)  # HTTP dates are GMT; a "-0000" zone parses naive
     return max(0.0, when.timestamp() - now)
 
 
+def _wrapped(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions inside it: requests puts its cause in ``args[0]``, urllib3's
+    MaxRetryError in ``reason``."""
+    link: BaseException | None = exc
+    for _ in range(_MAX_WRAPPED):
+        if link is None:
+            return
+        yield link
+        if isinstance(link, urllib3.exceptions.MaxRetryError):
+            link = link.reason
+        elif link.args and isinstance(link.args[0], BaseException):
+            link = link.args[0]
+        else:
+            link = None
+
+
 def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text.replace("\n", " ").replace("\r", " ")[:300]
+    """The innermost cause as one short line: safe to log, no traceback."""
+    *_, inner = _wrapped(exc)
+    return " ".join(f"{type(inner).__name__}: {inner}".split())[:_MAX_REASON]
+
+
+def _read_capped(response: requests.Response, cap: int) -> tuple[bytes, bool]:
+    """The body up to ``cap`` decompressed bytes, and whether more was left unread."""
+    body = bytearray()
+    for chunk in response.iter_content(_CHUNK):
+        body += chunk
+        if len(body) > cap:
+            return bytes(body[:cap]), True
+    return bytes(body), False
 
 
 class HttpFetcher:
-    """GET with keep-alive and a connection pool sized to ``concurrency``; bodies streamed and
-    cut at ``max_bytes`` (decompressed), flagged ``truncated``; at most ``max_redirects`` hops."""
+    """GET with keep-alive on one session whose connection pool is sized to ``concurrency``.
 
-    method = "GET"
-    follow_redirects = True
+    Redirects are followed up to ``max_redirects`` hops. Bodies are streamed and cut at ``max_bytes``
+    decompressed bytes (``truncated`` set, the connection dropped rather than drained). A status
+    >= 400 keeps its body and gets an error kind from STATUS_ERRORS. ``clock`` stamps ``fetched_at``
+    and is the "now" a Retry-After date counts from.
+    """
+
+    _method = "GET"
+    _follow_redirects = True
 
     def __init__(
         self,
@@ -113,59 +171,58 @@ class HttpFetcher:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.clock = clock
-        self.session = requests.Session()
-        self.session.trust_env = False  # no proxies or netrc from the environment behind the recipe's back
-        self.session.max_redirects = max_redirects
+        self._session = requests.Session()
+        self._session.trust_env = False  # no proxies or netrc from the environment behind the recipe's back
+        self._session.max_redirects = max_redirects
         adapter = requests.adapters.HTTPAdapter(pool_connections=concurrency, pool_maxsize=concurrency)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
-        self.session.headers["User-Agent"] = user_agent
-        self.session.headers.update(headers or {})
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._session.headers["User-Agent"] = user_agent
+        self._session.headers.update(headers or {})
 
     def fetch(self, request: Request) -> Response:
-        started = time.monotonic()
-        status, reason, headers, url = 0, "", {}, request.url
-        body = b""
-        truncated = False
+        """The response to ``request``; see Fetcher for what fails as data."""
+        started = time.perf_counter()
         try:
             canonical_url(request.url)
-            with self.session.request(self.method, request.url, stream=True, timeout=self.timeout,
-                                      allow_redirects=self.follow_redirects) as r:
+        except BadUrl as exc:  # refused before any traffic
+            return Response(request, 0, reason=_one_line(exc), url=request.url, fetched_at=self.clock(),
+                            error="bad_url")
+        status, reason, headers, url = 0, "", {}, request.url
+        try:
+            with self._session.request(self._method, request.url, stream=True, timeout=self.timeout,
+                                       allow_redirects=self._follow_redirects) as r:
                 status, reason, url = r.status_code, r.reason or "", r.url
-                headers = {k.lower(): v for k, v in r.headers.items()}
-                if self.method != "HEAD":
-                    body, truncated = self._read(r)
-        except Exception as exc:  # translated to data; the table decides which kinds exist
-            if not isinstance(exc, (requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
-                                    BadUrl, OSError)):
+                headers = {name.lower(): value for name, value in r.headers.items()}
+                body, truncated = _read_capped(r, self.max_bytes)
+        except _LIBRARY_ERRORS as exc:
+            kind = exception_error(exc)
+            if kind is None:
                 raise
-            return Response(request, status, _one_line(exc), headers, body, truncated, url, self.clock(),
-                            time.monotonic() - started, exception_error(exc))
+            last = exc.response if isinstance(exc, requests.exceptions.RequestException) else None
+            if last is not None and not status:  # e.g. the last hop of a redirect loop
+                status, url = last.status_code, last.url
+            return Response(request, status, reason=_one_line(exc), headers=headers, url=url,
+                            fetched_at=self.clock(), elapsed=time.perf_counter() - started, error=kind)
         now = self.clock()
-        error = self._status_error(status)
-        return Response(request, status, reason, headers, body, truncated, url, now,
-                        time.monotonic() - started, error, retry_after(headers.get("retry-after"), now))
-
-    def _status_error(self, status: int) -> str | None:
-        return status_error(status)
-
-    def _read(self, r: requests.Response) -> tuple[bytes, bool]:
-        cap = self.max_bytes
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in r.iter_content(_CHUNK):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > cap:
-                return b"".join(chunks)[:cap], True  # leaving the with-block drops the connection
-        return b"".join(chunks), False
+        return Response(request, status, reason=reason, headers=headers, body=body, truncated=truncated,
+                        url=url, fetched_at=now, elapsed=time.perf_counter() - started,
+                        error=status_error(status), retry_after=retry_after(headers.get("retry-after"), now))
 
     def close(self) -> None:
-        self.session.close()
+        """Close the pooled connections."""
+        self._session.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class HeadFetcher(HttpFetcher):
-    """HEAD without following redirects: a 3xx is a success and its Location header is kept."""
+    """HEAD without following redirects: a 3xx is a success and ``headers["location"]`` says where
+    it points. The body is always empty. Options as for HttpFetcher."""
 
-    method = "HEAD"
-    follow_redirects = False
+    _method = "HEAD"
+    _follow_redirects = False

@@ -7,269 +7,381 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import struct
 import sys
 import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from ipaddress import ip_address
+from ipaddress import IPv4Address, ip_address
 from types import FrameType
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 CATALOGUE_PAGES = 50
 BOOKS_PER_PAGE = 20
 BOOKS = CATALOGUE_PAGES * BOOKS_PER_PAGE
+HITS_PATH = "/__hits"
+"""Serves the hit counts as JSON; not counted itself, so reading the counts leaves them as they were."""
+
 _WORDS = ("river stone cloud engine harbor paper signal orbit garden silver copper window forest "
           "valley summit bridge quiet rapid golden hidden").split()
-_NAMES = ("Ada Byron", "Alan Turing", "Grace Hopper", "Edsger Dijkstra", "Barbara Liskov", "Donald Knuth")
+_AUTHORS = ("Ada Byron", "Alan Turing", "Grace Hopper", "Edsger Dijkstra", "Barbara Liskov", "Donald Knuth")
+_PAGE_LINK_STEPS = (1, 2, 3, 17, 1000)
+_HUGE_DEFAULT = 50_000_000
+_HUGE_BLOCK = b"x" * 65536
 _BOMB_SIZE = 1 << 30
+_BOMB_SEGMENT = 1 << 20
 _bomb: bytes | None = None
 _bomb_lock = threading.Lock()
 
-Route = Callable[["_Handler", list[str], dict[str, list[str]]], tuple[int, dict[str, str], bytes]]
-
 
 def gzip_bomb() -> bytes:
-    """1 GiB of zeros, gzipped (about 1 MB), built once without holding the 1 GiB: one deflate
-    segment of 1 MiB of zeros, ended by a full flush so it can be repeated as is."""
+    """A gzip body (about 1 MB) that inflates to 1 GiB of zero bytes; built once, then cached.
+
+    Deflating 1 GiB takes seconds, so one raw deflate segment of 1 MiB of zeros is compressed and
+    ended with a full flush (byte-aligned, no back references across it), which makes the segment
+    valid when repeated; the gzip header, CRC and size are written around the repeats. Building it
+    never holds more than the 1 MiB of zeros and the result.
+    """
     global _bomb
     with _bomb_lock:
         if _bomb is None:
-            zeros = bytes(1 << 20)
-            packer = zlib.compressobj(9, zlib.DEFLATED, -15)
-            segment = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
+            zeros = bytes(_BOMB_SEGMENT)
+            deflater = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+            segment = deflater.compress(zeros) + deflater.flush(zlib.Z_FULL_FLUSH)
+            repeats = _BOMB_SIZE // _BOMB_SEGMENT
             crc = 0
-            for _ in range(_BOMB_SIZE >> 20):
+            for _ in range(repeats):
                 crc = zlib.crc32(zeros, crc)
-            header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
-            trailer = b"\x03\x00" + struct.pack("<II", crc, _BOMB_SIZE & 0xFFFFFFFF)
-            _bomb = header + segment * (_BOMB_SIZE >> 20) + trailer
+            header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # gzip, deflate, no name, no mtime
+            final_block = b"\x03\x00"  # an empty fixed-Huffman block marked last
+            trailer = struct.pack("<II", crc, _BOMB_SIZE & 0xFFFFFFFF)
+            _bomb = header + segment * repeats + final_block + trailer
         return _bomb
 
 
+# -- replies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What a route sees of a request: the path segments after the route name and the query."""
+
+    args: tuple[str, ...]
+    query: Mapping[str, str]
+    headers: Mapping[str, str]
+    site: DemoSite
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """A response to send: ``length`` is the Content-Length, ``chunks`` are written only for GET."""
+
+    status: int
+    chunks: Iterable[bytes]
+    length: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Route = Callable[[_Call], _Reply]
+
+_HTML = {"Content-Type": "text/html; charset=utf-8"}
+_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+_JSON = {"Content-Type": "application/json"}
+_NO_BODY_STATUSES = frozenset({204, 304})  # a body after these would desync a keep-alive client
+
+
+def _reply(status: int, body: bytes, headers: Mapping[str, str]) -> _Reply:
+    return _Reply(status, (body,), len(body), headers)
+
+
+def _html(title: str, body: str, status: int = 200) -> _Reply:
+    page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{title}</title></head>'
+            f"<body><h1>{title}</h1>\n{body}\n</body></html>\n")
+    return _reply(status, page.encode(), _HTML)
+
+
+def _not_found(call: _Call | None = None) -> _Reply:
+    return _html("Not found", "<p>No such page.</p>", 404)
+
+
+def _redirect(status: int, location: str) -> _Reply:
+    return _reply(status, b"", {"Location": _header_value(location)})
+
+
+def _header_value(text: str) -> str:
+    """``text`` if it is safe as a header value; ValueError (a 400) if it would split the header."""
+    if "\r" in text or "\n" in text:
+        raise ValueError("header value contains CR or LF")
+    return text
+
+
+def _number(text: str) -> int | None:
+    """An integer path segment (``-3``, ``12``), None for anything else (a 404, not a 400)."""
+    digits = text.removeprefix("-")
+    return int(text) if digits.isdigit() and digits.isascii() else None
+
+
 def _title(book: int) -> str:
-    return f"The {_WORDS[book % len(_WORDS)].title()} of {_WORDS[(book * 7) % len(_WORDS)].title()} {book}"
+    return f"The {_WORDS[book % len(_WORDS)].title()} of {_WORDS[book * 7 % len(_WORDS)].title()} {book}"
 
 
 def _price(book: int) -> str:
-    return f"£{(book * 37) % 5000 / 100 + 5:.2f}"
+    return f"£{5 + book * 37 % 5000 / 100:.2f}"
 
 
-def _page(title: str, body: str) -> bytes:
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>"
-            f"<body><h1>{title}</h1>\n{body}\n</body></html>\n").encode()
+def _author(book: int) -> str:
+    return _AUTHORS[book % len(_AUTHORS)]
 
 
-def _html(body: bytes, status: int = 200) -> tuple[int, dict[str, str], bytes]:
-    return status, {"Content-Type": "text/html; charset=utf-8"}, body
+# -- the bookshop ------------------------------------------------------------------------------
 
 
-def _not_found() -> tuple[int, dict[str, str], bytes]:
-    return _html(_page("Not found", "<p>No such page.</p>"), 404)
+def _index(call: _Call) -> _Reply:
+    links = "".join(f'<li><a href="/catalogue/page-{n}.html">Page {n}</a></li>'
+                    for n in range(1, CATALOGUE_PAGES + 1))
+    return _html("Bookshop", f"<ul>{links}</ul>")
 
 
-def _int(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+def _catalogue(call: _Call) -> _Reply:
+    stem = call.args[0].removeprefix("page-").removesuffix(".html")
+    n = _number(stem) if call.args[0] == f"page-{stem}.html" else None
+    if n is None or not 1 <= n <= CATALOGUE_PAGES:
+        return _not_found()
+    parts = []
+    for book in range((n - 1) * BOOKS_PER_PAGE + 1, n * BOOKS_PER_PAGE + 1):
+        parts.append(f'<article class="book"><h2><a href="/book/{book}.html">{_title(book)}</a></h2>'
+                     f'<p class="price">{_price(book)}</p><p class="author">{_author(book)}</p></article>')
+    if n < CATALOGUE_PAGES:
+        parts.append(f'<a class="next" href="/catalogue/page-{n + 1}.html">next</a>')
+    return _html(f"Catalogue page {n}", "\n".join(parts))
+
+
+def _book(call: _Call) -> _Reply:
+    stem = call.args[0].removesuffix(".html")
+    book = _number(stem) if call.args[0] == f"{stem}.html" else None
+    if book is None or not 1 <= book <= BOOKS:
+        return _not_found()
+    page = (book - 1) // BOOKS_PER_PAGE + 1
+    description = " ".join(_WORDS[(book + i) % len(_WORDS)] for i in range(60))
+    return _html(_title(book), f'<p class="price">{_price(book)}</p><p class="author">{_author(book)}</p>'
+                               f'<p class="description">{description}</p>'
+                               f'<a class="back" href="/catalogue/page-{page}.html">back to the catalogue</a>')
+
+
+def _robots(call: _Call) -> _Reply:
+    return _reply(200, b"User-agent: *\nDisallow:\n", _TEXT)
+
+
+def _numbered(call: _Call) -> _Reply:
+    n = _number(call.args[0])
+    if n is None:
+        return _not_found()
+    links = " ".join(f'<a href="/page/{n + step}">page {n + step}</a>' for step in _PAGE_LINK_STEPS)
+    text = " ".join(_WORDS[(n + i) % len(_WORDS)] for i in range(250))
+    return _html(f"Page {n}", f"<p>{text}</p>\n<p>{links}</p>")
+
+
+# -- hostile and test routes -------------------------------------------------------------------
+
+
+def _slow(call: _Call) -> _Reply:
+    time.sleep(float(call.query.get("seconds", "1")))
+    return _html("Slow", "<p>finally</p>")
+
+
+def _huge(call: _Call) -> _Reply:
+    size = int(call.query.get("bytes", str(_HUGE_DEFAULT)))
+    if size < 0:
+        raise ValueError("bytes must be 0 or more")
+    return _Reply(200, _repeat_block(size), size, {"Content-Type": "application/octet-stream"})
+
+
+def _repeat_block(size: int) -> Iterator[bytes]:
+    """``size`` bytes of ``x``, one 64 KiB block at a time, made only as the client reads them."""
+    for start in range(0, size, len(_HUGE_BLOCK)):
+        yield _HUGE_BLOCK[:size - start]
+
+
+def _bomb_route(call: _Call) -> _Reply:
+    return _reply(200, gzip_bomb(), {"Content-Type": "text/html", "Content-Encoding": "gzip"})
+
+
+def _redirect_loop(call: _Call) -> _Reply:
+    n = _number(call.args[0])
+    return _redirect(302, f"/redirect-loop/{n + 1}") if n is not None else _not_found()
+
+
+def _redirect_to(call: _Call) -> _Reply:
+    return _redirect(302, call.query.get("to", "/"))
+
+
+def _head_redirect(call: _Call) -> _Reply:
+    return _redirect(301, "/page/1")
+
+
+def _status(call: _Call) -> _Reply:
+    code = _number(call.args[0])
+    if code is None or not 200 <= code <= 599:
+        return _not_found()
+    headers = dict(_TEXT)
+    if "retry_after" in call.query:
+        headers["Retry-After"] = _header_value(call.query["retry_after"])
+    return _reply(code, b"" if code in _NO_BODY_STATUSES else f"status {code}\n".encode(), headers)
+
+
+def _bad_encoding(call: _Call) -> _Reply:
+    page = ('<html><head><meta charset="iso-8859-1"><title>caf\xe9</title></head>'
+            "<body><p>caf\xe9 cr\xe8me br\xfbl\xe9e</p></body></html>")
+    return _reply(200, page.encode("latin-1"), _HTML)  # the header's utf-8 is the lie under test
+
+
+def _echo_headers(call: _Call) -> _Reply:
+    return _reply(200, json.dumps(dict(call.headers)).encode(), _JSON)
+
+
+def _hits(call: _Call) -> _Reply:
+    return _reply(200, json.dumps(call.site.hits_snapshot()).encode(), _JSON)
+
+
+ROUTES: dict[tuple[str, int], Route] = {
+    ("", 0): _index,
+    ("catalogue", 1): _catalogue,
+    ("book", 1): _book,
+    ("robots.txt", 0): _robots,
+    ("page", 1): _numbered,
+    ("slow", 0): _slow,
+    ("huge", 0): _huge,
+    ("gzip-bomb", 0): _bomb_route,
+    ("redirect-loop", 1): _redirect_loop,
+    ("redirect", 0): _redirect_to,
+    ("head-redirect", 0): _head_redirect,
+    ("status", 1): _status,
+    ("bad-encoding", 0): _bad_encoding,
+    ("echo-headers", 0): _echo_headers,
+    (HITS_PATH.strip("/"), 0): _hits,
+}
+"""(first path segment, number of segments after it) -> route; anything else is a 404.
+A malformed number in the query (``/slow?seconds=x``) is a 400."""
+
+
+# -- the server --------------------------------------------------------------------------------
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # keep-alive; every reply carries a Content-Length
+    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
     server: _Server
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: the site counts hits instead of logging each request."""
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.site._track(self.connection, True)
+
+    def finish(self) -> None:
+        self.server.site._track(self.connection, False)
+        super().finish()
+
     def do_GET(self) -> None:
-        self._serve(head=False)
+        self._serve(send_body=True)
 
     def do_HEAD(self) -> None:
-        self._serve(head=True)
+        self._serve(send_body=False)
 
-    def _serve(self, head: bool) -> None:
-        parts = urlsplit(self.path)
-        self.server.site.record(self.command, self.path, parts.path, dict(self.headers.items()), self.client_address[1])
-        segments = [s for s in parts.path.split("/") if s]
-        route = ROUTES.get(segments[0] if segments else "")
-        query = parse_qs(parts.query)
-        status, headers, body = route(self, segments, query) if route else _not_found()
-        if status == -1:
-            return  # the route wrote its own response
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            try:
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True
-
-    # -- routes ------------------------------------------------------------------------------
-
-    def index(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        links = "".join(f'<li><a href="/catalogue/page-{n}.html">Page {n}</a></li>' for n in range(1, CATALOGUE_PAGES + 1))
-        return _html(_page("Bookshop", f"<ul>{links}</ul>"))
-
-    def catalogue(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        name = segments[1] if len(segments) == 2 else ""
-        n = _int(name.removeprefix("page-").removesuffix(".html")) if name.startswith("page-") else None
-        if n is None or not 1 <= n <= CATALOGUE_PAGES:
-            return _not_found()
-        books = []
-        for i in range(1, BOOKS_PER_PAGE + 1):
-            book = (n - 1) * BOOKS_PER_PAGE + i
-            books.append(f'<article class="book"><h2><a href="/book/{book}.html">{_title(book)}</a></h2>'
-                         f'<p class="price">{_price(book)}</p><p class="author">{_NAMES[book % len(_NAMES)]}</p></article>')
-        if n < CATALOGUE_PAGES:
-            books.append(f'<a class="next" href="/catalogue/page-{n + 1}.html">next</a>')
-        return _html(_page(f"Catalogue page {n}", "\n".join(books)))
-
-    def book(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        book = _int(segments[1].removesuffix(".html")) if len(segments) == 2 else None
-        if book is None or not 1 <= book <= BOOKS:
-            return _not_found()
-        page = (book - 1) // BOOKS_PER_PAGE + 1
-        body = (f'<p class="price">{_price(book)}</p><p class="author">{_NAMES[book % len(_NAMES)]}</p>'
-                f'<p class="description">{" ".join(_WORDS[(book + i) % len(_WORDS)] for i in range(60))}</p>'
-                f'<a href="/catalogue/page-{page}.html">back</a>')
-        return _html(_page(_title(book), body))
-
-    def robots(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow:\n"
-
-    def numbered(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        n = _int(segments[1]) if len(segments) == 2 else None
-        if n is None:
-            return _not_found()
-        links = "".join(f'<a href="/page/{(n * 31 + i * 17) % 100_000}">link {i}</a> ' for i in range(5))
-        text = " ".join(_WORDS[(n + i) % len(_WORDS)] for i in range(250))
-        return _html(_page(f"Page {n}", f"<p>{text}</p><p>{links}</p>"))
-
-    def slow(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        time.sleep(float(query.get("seconds", ["1"])[0]))
-        return _html(_page("Slow", "<p>finally</p>"))
-
-    def huge(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        size = int(query.get("bytes", [str(50_000_000)])[0])
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(size))
-        self.end_headers()
-        if self.command == "HEAD":
-            return -1, {}, b""
-        block = b"x" * 65536
+    def _serve(self, send_body: bool) -> None:
+        target = urlsplit(self.path)
+        headers = dict(self.headers.items())
+        site = self.server.site
+        site._record(self.command, self.path, target.path, headers, self.client_address[1])
+        name, *args = [s for s in target.path.split("/") if s] or [""]
+        route = ROUTES.get((name, len(args)), _not_found)
         try:
-            while size > 0:
-                self.wfile.write(block[:size])
-                size -= len(block)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        self.close_connection = True
-        return -1, {}, b""
-
-    def bomb(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 200, {"Content-Type": "text/html", "Content-Encoding": "gzip"}, gzip_bomb()
-
-    def redirect_loop(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        n = _int(segments[1]) if len(segments) == 2 else 0
-        return 302, {"Location": f"/redirect-loop/{(n or 0) + 1}"}, b""
-
-    def redirect(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 302, {"Location": query.get("to", ["/"])[0]}, b""
-
-    def head_redirect(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 301, {"Location": "/page/1"}, b""
-
-    def status(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        code = _int(segments[1]) if len(segments) == 2 else None
-        if code is None or not 200 <= code <= 599:
-            return _not_found()
-        headers = {"Content-Type": "text/plain"}
-        if "retry_after" in query:
-            headers["Retry-After"] = query["retry_after"][0]
-        return code, headers, f"status {code}\n".encode()
-
-    def bad_encoding(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        body = ('<html><head><meta charset="iso-8859-1"><title>caf\xe9</title></head>'
-                '<body><p>caf\xe9 cr\xe8me br\xfbl\xe9e</p></body></html>').encode("latin-1")
-        return 200, {"Content-Type": "text/html; charset=utf-8"}, body
-
-    def echo_headers(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 200, {"Content-Type": "application/json"}, json.dumps(dict(self.headers.items())).encode()
-
-    def hits(self, segments: list[str], query: dict[str, list[str]]) -> tuple[int, dict[str, str], bytes]:
-        return 200, {"Content-Type": "application/json"}, json.dumps(self.server.site.hits_snapshot()).encode()
-
-
-ROUTES: dict[str, Route] = {
-    "": _Handler.index,
-    "catalogue": _Handler.catalogue,
-    "book": _Handler.book,
-    "robots.txt": _Handler.robots,
-    "page": _Handler.numbered,
-    "slow": _Handler.slow,
-    "huge": _Handler.huge,
-    "gzip-bomb": _Handler.bomb,
-    "redirect-loop": _Handler.redirect_loop,
-    "redirect": _Handler.redirect,
-    "head-redirect": _Handler.head_redirect,
-    "status": _Handler.status,
-    "bad-encoding": _Handler.bad_encoding,
-    "echo-headers": _Handler.echo_headers,
-    "__hits": _Handler.hits,
-}
+            reply = route(_Call(tuple(args), dict(parse_qsl(target.query)), headers, site))
+        except ValueError as exc:
+            reply = _reply(400, f"bad request: {exc}\n".encode(), _TEXT)
+        try:
+            self.send_response(reply.status)
+            for header, value in reply.headers.items():
+                self.send_header(header, value)
+            self.send_header("Content-Length", str(reply.length))
+            self.end_headers()
+            if send_body:
+                for chunk in reply.chunks:
+                    self.wfile.write(chunk)
+        except ConnectionError:
+            self.close_connection = True  # the client hung up: a fetch capped at max_bytes does it on purpose
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # 32 fetch threads connecting at once must not overflow the backlog
     site: DemoSite
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet about clients that hang up (a capped fetch does it on purpose)."""
+        """Quiet about clients that hang up between requests; loud about anything else."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
 
 class DemoSite:
-    """The site on ``host:port`` (0 = a free port) in a background thread; a context manager."""
+    """The site on ``host:port`` (port 0 = a free one) served from a background thread.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        if not ip_address(host).is_loopback:
-            raise ValueError(f"the demo site serves loopback only, not {host}")
+    The port is bound on construction, so ``url`` and ``port`` are known before ``start()``.
+    ``close()`` stops the server and hangs up on open keep-alive connections. ``hits`` counts
+    requests by path (query dropped); ``requests_log`` holds (method, path with query, headers,
+    client port) of every request, in order, unless ``log_requests`` is False.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, log_requests: bool = True) -> None:
+        if not _is_ipv4_loopback(host):
+            raise ValueError(f"the demo site serves loopback only (an address like 127.0.0.1), not {host!r}")
         self.host = host
         self.hits: Counter[str] = Counter()
         self.requests_log: list[tuple[str, str, dict[str, str], int]] = []
-        """(method, path with query, headers, client port) of every request, in order."""
         self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
         self._server = _Server((host, port), _Handler)
         self._server.site = self
-        self.port = self._server.server_address[1]
+        self.port: int = self._server.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self._thread: threading.Thread | None = None
-
-    def record(self, method: str, path_with_query: str, path: str, headers: dict[str, str], port: int) -> None:
-        with self._lock:
-            self.hits[path] += 1
-            self.requests_log.append((method, path_with_query, headers, port))
+        self._closed = False
+        self._log_requests = log_requests
 
     def hits_snapshot(self) -> dict[str, int]:
+        """A copy of the hit counts, consistent at one instant."""
         with self._lock:
             return dict(self.hits)
 
     def start(self) -> DemoSite:
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="demo-site",
-                                        daemon=True)
+        # a short poll interval so close() returns in ~0.05 s, not the default 0.5 s
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        name=f"demo-site-{self.port}", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
+        """Stop serving and release the port; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            open_connections = list(self._connections)
+        for connection in open_connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the client or its handler
 
     def __enter__(self) -> DemoSite:
         return self.start()
@@ -277,23 +389,47 @@ class DemoSite:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _record(self, method: str, path_with_query: str, path: str, headers: dict[str, str], port: int) -> None:
+        with self._lock:
+            if path != HITS_PATH:
+                self.hits[path] += 1
+            if self._log_requests:
+                self.requests_log.append((method, path_with_query, headers, port))
+
+    def _track(self, connection: socket.socket, is_open: bool) -> None:
+        with self._lock:
+            if is_open:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+
+def _is_ipv4_loopback(host: str) -> bool:
+    try:
+        address = ip_address(host)
+    except ValueError:
+        return False
+    return isinstance(address, IPv4Address) and address.is_loopback
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve the scrapekit demo site on loopback.")
+    """Serve the site until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m scrapekit.demo.site",
+                                     description="Serve the scrapekit demo site on loopback.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
-    site = DemoSite(args.host, args.port).start()
-    print(f"demo site at {site.url}", flush=True)
     stop = threading.Event()
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    stop.wait()
-    site.close()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # nobody outside this process can read requests_log, and a long benchmark would grow it without end
+    with DemoSite(args.host, args.port, log_requests=False) as site:
+        print(f"demo site at {site.url}", flush=True)
+        stop.wait()
 
 
 if __name__ == "__main__":
