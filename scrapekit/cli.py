@@ -19,7 +19,6 @@ from . import __version__, logs
 from .errors import RecipeError, ScrapekitError
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .runner import Runner, build
-from .sources.leveldb import LevelDbQueue
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
 
@@ -176,16 +175,16 @@ def _status(r: Recipe) -> dict[str, Any]:
     if pid is None and (r.run_dir / "state").is_dir():
         try:
             with RunLock(r.run_dir / "run.pid", r.name), StateDB(r.run_dir / "state") as state:
-                q = LevelDbQueue(state)
+                q = build(r.queue, r, state=state, name=r.name)
                 queue = q.counts()
+                q.close()
                 totals.update({k: v for k, v in (q.get_state("stats") or {}).items() if k in totals})
         except ScrapekitError:
             pid = running_pid(r.run_dir / "run.pid")
-    ready = int(queue.get("ready", 0))
     reserved = int(queue.get("reserved", 0)) if pid else 0
     return {
         "name": r.name, "running": pid is not None, "pid": pid,
-        "queued": ready - reserved, "reserved": reserved, "delayed": int(queue.get("delayed", 0)),
+        "queued": int(queue.get("ready", 0)), "reserved": reserved, "delayed": int(queue.get("delayed", 0)),
         "buried": int(queue.get("buried", 0)), **totals,
         "rate": stats.get("rate", 0.0) if pid else 0.0, "rate_avg": stats.get("rate_avg", 0.0),
         "updated_at": stats.get("updated_at"), "stop_reason": None if pid else stats.get("stop_reason"),

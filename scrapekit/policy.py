@@ -13,7 +13,7 @@ from typing import Literal
 
 from .model import Response
 
-Action = Literal["done", "retry", "drop", "bury"]
+Action = Literal["done", "retry", "drop", "bury", "duplicate"]
 
 FINAL_ACTIONS: dict[str, Action] = {
     "part_error": "bury",  # a bug in a part or plugin: keep the job for a look and a kick

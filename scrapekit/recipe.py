@@ -21,7 +21,7 @@ from .errors import PartError, RecipeError, RecipeErrors
 from .registry import resolve
 from .units import Bytes, Seconds, parse_duration, parse_size
 
-INJECTED = frozenset({"state", "clock", "out_dir", "name", "on_open", "work_dir", "concurrency", "window"})
+INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "work_dir", "concurrency", "window"})
 """Constructor parameters the runner passes itself; a recipe cannot set them (but for
 ``concurrency``, a ``fetch`` key, and ``window``, a ``source`` key)."""
 

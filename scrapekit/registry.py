@@ -16,6 +16,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "queues": {
         "leveldb": "scrapekit.sources.leveldb:LevelDbQueue",
+        "beanstalk": "scrapekit.sources.beanstalk:BeanstalkQueue",
     },
     "fetchers": {
         "http": "scrapekit.fetchers:HttpFetcher",

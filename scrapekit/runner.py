@@ -27,10 +27,9 @@ from .fetchers import Fetcher
 from .logs import CONSOLE
 from .model import Item, Job, Request, Response
 from .parsers import Parser
-from .policy import decide
+from .policy import Decision, decide
 from .recipe import PartSpec, Recipe
-from .sources import Source
-from .sources.leveldb import LevelDbQueue
+from .sources import Queue, Source
 from .state import RunLock, StateDB
 from .stats import Stats, write_json_atomic
 from .stores import Checkpointed, Store
@@ -40,6 +39,7 @@ log = logging.getLogger(__name__)
 _FEED_BATCH = 1000
 _COMMIT_BATCH = 512
 _STATS_EVERY = 1.0
+_FEED_EVERY = 0.05
 
 
 def build(spec: PartSpec, recipe: Recipe, **services: Any) -> Any:
@@ -58,7 +58,7 @@ class Parts:
     """Everything a run uses, built by ``assemble``; closed in reverse order by the ExitStack."""
 
     source: Source
-    queue: LevelDbQueue
+    queue: Queue
     fetcher: Fetcher
     parser: Parser | None
     stores: list[tuple[str, Store]] = field(default_factory=list)
@@ -66,7 +66,7 @@ class Parts:
 
 def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[], float] = time.time) -> Parts:
     """The composition root: turns the validated recipe into parts, sharing the state DB and clock."""
-    queue = build(recipe.queue, recipe, state=state, clock=clock)
+    queue = build(recipe.queue, recipe, state=state, clock=clock, name=recipe.name)
     stack.callback(queue.close)
     source = build(recipe.source, recipe, clock=clock)
     fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock)
@@ -131,6 +131,7 @@ class Runner:
         self._in_flight = 0
         self._requests: Iterator[tuple[Request, str]] | None = None
         self._source_exhausted = False
+        self._next_feed = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -226,15 +227,19 @@ class Runner:
             self.stop_reason = "max_seconds"
 
     def _finished(self, parts: Parts) -> bool:
+        if not self._source_exhausted:
+            return False
         counts = parts.queue.counts()
-        return self._source_exhausted and counts["ready"] == 0 and counts["delayed"] == 0
+        return counts["ready"] == 0 and counts["delayed"] == 0
 
     def _feed(self, parts: Parts) -> None:
         """Top the queue up from the source, at most ``window`` live jobs ahead."""
-        if self._source_exhausted:
+        now = self.monotonic()
+        if self._source_exhausted or now < self._next_feed:
             return
+        self._next_feed = now + _FEED_EVERY
         counts = parts.queue.counts()
-        room = self.recipe.window - counts["ready"] - counts["delayed"]
+        room = self.recipe.window - counts["ready"] - counts["reserved"] - counts["delayed"]
         if room <= 0 or (room < min(_FEED_BATCH, self.recipe.window) // 2 and counts["ready"] > 0):
             return  # feed in batches, not one job per loop
         if self._requests is None:
@@ -323,7 +328,14 @@ class Runner:
     def _commit(self, parts: Parts, outcomes: list[Outcome]) -> None:
         """Write the outcomes' records, then ack them with the stores' checkpoints in one batch."""
         decisions = [decide(o.response, self.recipe.retries, self.recipe.backoff) for o in outcomes]
-        for outcome, decision in zip(outcomes, decisions):
+        seen: set[str] = set()
+        for i, (outcome, decision) in enumerate(zip(outcomes, decisions)):
+            key = outcome.job.request.key
+            if key in seen or (decision.action != "retry" and parts.queue.is_done(key)):
+                # Delivered twice (beanstalkd is at-least-once): its record is already written.
+                decisions[i] = Decision("duplicate")
+                continue
+            seen.add(key)
             if decision.action == "retry":
                 continue
             for _, store in parts.stores:
@@ -341,6 +353,9 @@ class Runner:
         with parts.queue.transaction() as tx:
             for outcome, decision in zip(outcomes, decisions):
                 response, job = outcome.response, outcome.job
+                if decision.action == "duplicate":
+                    tx.ack(job)
+                    continue
                 if decision.action == "retry":
                     log.info("retry in %.1fs (attempt %d): %r %s %s", decision.delay, job.request.attempt + 1,
                              job.request.url, response.status, response.error)

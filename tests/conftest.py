@@ -1,8 +1,16 @@
-"""Fixtures with real parts: the local site on 127.0.0.1 (a free port) and a fake clock."""
+"""Fixtures with real parts: the local site and a beanstalkd on 127.0.0.1 (free ports), and a
+fake clock."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +46,47 @@ def site() -> Iterator[DemoSite]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Beanstalkd:
+    """A real beanstalkd on 127.0.0.1 and a free port, its binlog in a temp dir; stopped by pid."""
+
+    def __init__(self, binlog: Path) -> None:
+        self.executable = shutil.which("beanstalkd") or "/usr/bin/beanstalkd"
+        if not os.path.exists(self.executable):
+            pytest.fail("beanstalkd is not installed: run `bash bin/test`, which installs it")
+        self.binlog = binlog
+        self.port = free_port()
+        self.url = f"beanstalk://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Beanstalkd:
+        self.binlog.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([self.executable, "-l", "127.0.0.1", "-p", str(self.port), "-b", str(self.binlog)])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"beanstalkd did not start on port {self.port}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture
+def beanstalkd(tmp_path: Path) -> Iterator[Beanstalkd]:
+    server = Beanstalkd(tmp_path / "binlog").start()
+    yield server
+    server.kill(signal.SIGTERM)

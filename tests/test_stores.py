@@ -168,29 +168,30 @@ def test_nothing_written_leaves_no_file(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_chunk_left_empty_is_deleted_on_close(tmp_path: Path) -> None:
+def test_no_chunk_is_created_when_on_open_fails(tmp_path: Path) -> None:
     def refuse(checkpoint: dict[str, Any]) -> None:
         raise RuntimeError("state DB down")
 
     store = ChunkedTsvStore(tmp_path, "t", clock=Clock(), on_open=refuse)
     with pytest.raises(RuntimeError):
         store.write(page())
-    assert len(files(tmp_path)) == 1
+    assert files(tmp_path) == []
     store.close()
     assert files(tmp_path) == []
 
 
-def test_on_open_gets_length_zero_before_the_first_row(tmp_path: Path) -> None:
-    seen: list[tuple[dict[str, Any], int]] = []
+def test_on_open_names_the_chunk_before_the_file_exists(tmp_path: Path) -> None:
+    """So a kill between creating the file and saving its name cannot leave an orphan."""
+    seen: list[tuple[dict[str, Any], bool]] = []
 
     def on_open(checkpoint: dict[str, Any]) -> None:
-        seen.append((checkpoint, (tmp_path / checkpoint["part"]).stat().st_size))
+        seen.append((checkpoint, (tmp_path / checkpoint["part"]).exists()))
 
     with ChunkedTsvStore(tmp_path, "t", clock=Clock(), on_open=on_open) as store:
         store.write(page())
         store.write(page())
         store.flush()
-        assert seen == [({"part": files(tmp_path)[0], "length": 0}, 0)]
+        assert seen == [({"part": files(tmp_path)[0], "length": 0}, False)]
 
 
 def test_checkpoint_names_the_part_and_its_flushed_length(tmp_path: Path) -> None:

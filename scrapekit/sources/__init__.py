@@ -8,6 +8,7 @@ them back, done or not, atomically with their follow-ups.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from ..model import Job, Request
@@ -60,10 +61,18 @@ class Queue(Protocol):
 
     def reserve(self) -> Job | None: ...
 
-    def transaction(self) -> Any: ...
+    def transaction(self) -> AbstractContextManager[Transaction]: ...
 
-    def get_state(self, name: str) -> dict[str, Any] | None: ...
+    def get_state(self, name: str) -> dict[str, Any] | None:
+        """A state record saved with ``Transaction.set_state``, or None."""
+        ...
 
-    def counts(self) -> dict[str, int]: ...
+    def is_done(self, key: str) -> bool:
+        """True once a job with this key was acked."""
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """Jobs ready (not reserved), reserved, delayed, buried, and done."""
+        ...
 
     def close(self) -> None: ...

@@ -193,9 +193,10 @@ class LevelDbQueue:
         return None if raw is None else dict(json.loads(raw))
 
     def counts(self) -> dict[str, int]:
-        """ready (including reserved), reserved, delayed, buried and done job counts."""
+        """Jobs ready (not reserved), reserved, delayed, buried, and done."""
         with self._lock:
-            return {**self._counts, "reserved": len(self._reserved)}
+            reserved = len(self._reserved)
+            return {**self._counts, "ready": self._counts["ready"] - reserved, "reserved": reserved}
 
     def known(self, key: str) -> bool:
         """True when ``key`` is queued (in any state) or done."""

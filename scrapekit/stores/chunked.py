@@ -313,22 +313,23 @@ class _ChunkWriter:
         stem = f"{self._name}+{_stamp(now)}-{self._host}-{os.getpid()}"
         with _translated("create a chunk in", folder):
             folder.mkdir(parents=True, exist_ok=True)
-            path, file = self._create(folder, stem)
+            path = self._free_name(folder, stem)
+            if self._on_open is not None:
+                # Recovery must know a chunk before the file exists (the runner saves this at
+                # once), or a kill right after creating it would leave an orphan behind.
+                self._on_open({"part": self._relative(path), "length": 0})
+            file = open(path, "xb", buffering=_BUFFER)
         self._chunk = chunk = _Chunk(path, file, now)
-        if self._on_open is not None:
-            # Recovery must know a chunk before its first row: the runner saves this at once.
-            self._on_open({"part": self._relative(path), "length": 0})
         return chunk
 
-    def _create(self, folder: Path, stem: str) -> tuple[Path, BinaryIO]:
-        """A new ``.part`` file under a name no chunk has, sealed or not (``-2``, ``-3``… if taken)."""
+    def _free_name(self, folder: Path, stem: str) -> Path:
+        """A ``.part`` path under a name no chunk has, sealed or not (``-2``, ``-3``… if taken)."""
         number = 1
         while True:
             name = f"{stem}.{self._ext}" if number == 1 else f"{stem}-{number}.{self._ext}"
             part = folder / (name + _PART)
-            if not (folder / name).exists():
-                with suppress(FileExistsError):  # "x" mode: a .part of that name is taken too
-                    return part, open(part, "xb", buffering=_BUFFER)
+            if not (folder / name).exists() and not part.exists():
+                return part
             number += 1
 
     def _relative(self, path: Path) -> str:
