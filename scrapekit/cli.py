@@ -11,12 +11,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from . import __version__, logs
-from .errors import RecipeError, ScrapekitError
+from . import __version__, control, logs
+from .errors import AlreadyRunning, RecipeError, ScrapekitError
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .runner import Runner, build
 from .state import RunLock, StateDB, running_pid
@@ -26,7 +26,7 @@ log = logging.getLogger("scrapekit.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(exc: ScrapekitError) -> None:
+def _fail(exc: ScrapekitError) -> NoReturn:
     click.echo(str(exc) if isinstance(exc, RecipeError) else f"error: {exc}", err=True)
     sys.exit(exc.exit_code)
 
@@ -39,7 +39,6 @@ def _recipe(path: str) -> Recipe:
         return recipe
     except ScrapekitError as exc:
         _fail(exc)
-        raise  # unreachable: _fail exits
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -171,7 +170,7 @@ def _status(r: Recipe) -> dict[str, Any]:
     pid = running_pid(r.run_dir / "run.pid")
     stats = read_json(r.run_dir / "stats.json") or {}
     queue = dict(stats.get("queue", {}))
-    totals = {k: stats.get(k, 0) for k in ("done", "failed", "buried", "items", "retries", "bytes")}
+    totals = {k: stats.get(k, 0) for k in ("done", "failed", "items", "retries", "bytes")}
     if pid is None and (r.run_dir / "state").is_dir():
         try:
             with RunLock(r.run_dir / "run.pid", r.name), StateDB(r.run_dir / "state") as state:
@@ -207,6 +206,71 @@ def status(recipe: str, as_json: bool) -> None:
                f"  done {s['done']}  failed {s['failed']}  items {s['items']}  retries {s['retries']}"
                + (f"\n  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)" if s["running"]
                   else f"\n  last run's average rate {s['rate_avg']:.1f}/s"))
+
+
+# -- dump, load, kick -------------------------------------------------------------------------
+
+def _queue_command(r: Recipe, command: dict[str, Any]) -> dict[str, Any]:
+    """Carry out ``command`` on R's queue: through the running process if there is one."""
+    pid_file = r.run_dir / "run.pid"
+    if running_pid(pid_file) is None:
+        try:
+            with RunLock(pid_file, r.name), StateDB(r.run_dir / "state") as state:
+                queue = build(r.queue, r, state=state, name=r.name)
+                try:
+                    result = control.execute(queue, command, r.run_dir)
+                finally:
+                    queue.close()
+            if not result["ok"]:
+                raise ScrapekitError(result["error"])
+            return result
+        except AlreadyRunning:
+            pass  # started meanwhile: ask it
+    return control.ask(r.run_dir, command)
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("file", required=False)
+def dump(recipe: str, file: str | None) -> None:
+    """Copy RECIPE's whole queue to FILE (default work/<name>/seed/<timestamp>.jsonl), leaving it intact."""
+    r = _recipe(recipe)
+    command: dict[str, Any] = {"command": "dump", "path": str(Path(file).resolve()) if file else None}
+    try:
+        result = _queue_command(r, command)
+    except ScrapekitError as exc:
+        _fail(exc)
+    click.echo(f"dumped {result['count']} jobs to {result['path']}")
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("file")
+def load(recipe: str, file: str) -> None:
+    """Add the jobs of FILE (a dump or a URL file) to RECIPE's queue; keys queued or done are skipped."""
+    r = _recipe(recipe)
+    path = Path(file).resolve()
+    if not path.is_file():
+        _fail(ScrapekitError(f"file not found: {path}"))
+    try:
+        result = _queue_command(r, {"command": "load", "path": str(path)})
+    except ScrapekitError as exc:
+        _fail(exc)
+    click.echo(f"loaded {path}: added {result['added']}, skipped {result['skipped']} already queued or done, "
+               f"{result['bad']} bad lines")
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("bound", type=click.IntRange(min=1), required=False, default=control.KICK_ALL)
+def kick(recipe: str, bound: int) -> None:
+    """Move up to BOUND buried jobs of RECIPE back to ready (default: all)."""
+    r = _recipe(recipe)
+    try:
+        result = _queue_command(r, {"command": "kick", "bound": bound})
+    except ScrapekitError as exc:
+        _fail(exc)
+    click.echo(f"kicked {result['kicked']} jobs")
 
 
 # -- tail -------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from . import control
 from .errors import RecipeError
 from .fetchers import Fetcher
 from .logs import CONSOLE
@@ -213,6 +214,7 @@ class Runner:
                 next_stats = now + _STATS_EVERY
                 self.stats.tick()
                 self._write_stats(running=True)
+                self._answer_commands(parts)
             done = self.stats.finished()
             if done - last_progress[1] >= self.recipe.progress_every or now - last_progress[0] >= self.recipe.progress_interval:
                 last_progress = (now, done)
@@ -381,6 +383,13 @@ class Runner:
         for _, store in parts.stores:
             if isinstance(store, Checkpointed):
                 store.committed()
+
+    def _answer_commands(self, parts: Parts) -> None:
+        """Dump, load and kick asked for by other processes (see scrapekit.control)."""
+        for path, command in control.pending(self.recipe.run_dir):
+            result = control.execute(parts.queue, command, self.recipe.run_dir)
+            log.info("command %s: %s", command.get("command"), result, extra=CONSOLE)
+            control.answer(path, result)
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,6 +55,16 @@ def parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port or 11300
 
 
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A put committed to the outbox, to be sent to beanstalkd."""
+
+    slot: bytes
+    request: Request
+    delay: float
+    buried: bool
+
+
 class BeanstalkTransaction:
     """Collects the changes of one commit (see sources.Transaction)."""
 
@@ -62,13 +72,24 @@ class BeanstalkTransaction:
         self._queue = queue
         self.batch: dict[bytes, bytes | None] = {}
         self.new_keys: set[str] = set()
-        self.outbox: list[tuple[bytes, Request, float]] = []
+        self.outbox: list[_Outgoing] = []
         self.deletes: list[Job] = []
         self.releases: list[tuple[Job, float]] = []
         self.buries: list[Job] = []
         self.done = 0
 
     def put(self, request: Request, delay: float = 0.0) -> bool:
+        return self._put(request, delay, None)
+
+    def put_buried(self, request: Request, reason: str) -> bool:
+        """Queue ``request`` straight into the buried state (loading a dump)."""
+        if not self._put(request, 0.0, reason):
+            return False
+        record = {"reason": reason, "at": self._queue.clock(), "request": request.to_dict()}
+        self.batch[_BURIED + request.key.encode()] = json.dumps(record).encode()
+        return True
+
+    def _put(self, request: Request, delay: float, buried: str | None) -> bool:
         key = request.key
         if key in self.new_keys or self._queue.known(key):
             return False
@@ -79,9 +100,9 @@ class BeanstalkTransaction:
         self.new_keys.add(key)
         slot = _OUTBOX + struct.pack(">Q", self._queue.next_seq())
         delay = max(delay, request.not_before - self._queue.clock(), 0.0)
-        self.batch[slot] = json.dumps({"r": request.to_dict(), "delay": delay}).encode()
+        self.batch[slot] = json.dumps({"r": request.to_dict(), "delay": delay, "buried": buried}).encode()
         self.batch[_QUEUED + key.encode()] = json.dumps({"r": request.to_dict(), "id": None}).encode()
-        self.outbox.append((slot, request, delay))
+        self.outbox.append(_Outgoing(slot, request, delay, buried is not None))
         return True
 
     def ack(self, job: Job, follow_ups: Iterable[Request] = ()) -> None:
@@ -89,6 +110,7 @@ class BeanstalkTransaction:
         self.batch[_DONE + key] = b""
         self.batch[_QUEUED + key] = None
         self.batch[_ATTEMPTS + key] = None
+        self.batch[_BURIED + key] = None  # buried once, kicked, and done now
         self.deletes.append(job)
         self.done += 1
         for request in follow_ups:
@@ -214,9 +236,13 @@ class BeanstalkQueue:
 
     def queued(self) -> Iterator[tuple[Request, int | None]]:
         """Every queued request (any state) with its beanstalkd job id when known."""
-        for _, raw in self._db.iterator(prefix=_QUEUED):
+        for key, raw in self._db.iterator(prefix=_QUEUED):
             data = json.loads(raw)
-            yield Request.from_dict(data["r"]), data.get("id")
+            request = Request.from_dict(data["r"])
+            attempts = self._db.get(_ATTEMPTS + key[len(_QUEUED):])
+            if attempts is not None:
+                request = replace(request, attempt=int(attempts))
+            yield request, data.get("id")
 
     def job_stats(self, job_id: int) -> dict[str, Any] | None:
         try:
@@ -227,6 +253,21 @@ class BeanstalkQueue:
     def buried(self) -> Iterator[dict[str, Any]]:
         for _, raw in self._db.iterator(prefix=_BURIED):
             yield dict(json.loads(raw))
+
+    def dump(self) -> Iterator[dict[str, Any]]:
+        """Every queued job as a dump record; beanstalkd is only asked, never disturbed."""
+        for request, job_id in self.queued():
+            stats = self.job_stats(job_id) if job_id is not None else None
+            state = str(stats["state"]) if stats else "ready"
+            record: dict[str, Any] = {"request": request.to_dict(), "state": state, "delay": 0.0}
+            if stats:
+                record["request"]["priority"] = int(stats["pri"])
+                if state == "delayed":
+                    record["delay"] = float(stats["time-left"])
+            if state == "buried":
+                raw = self._db.get(_BURIED + request.key.encode())
+                record["reason"] = json.loads(raw)["reason"] if raw else ""
+            yield record
 
     def close(self) -> None:
         """Close the connection; beanstalkd gives the jobs we still hold back at once."""
@@ -277,12 +318,16 @@ class BeanstalkQueue:
             raw: greenstalk.Job[bytes] = held
             self._ignore(lambda c: operation(c, raw))
 
-    def _send(self, outbox: list[tuple[bytes, Request, float]]) -> None:
+    def _send(self, outbox: list[_Outgoing]) -> None:
         sent: dict[bytes, bytes | None] = {}
-        for slot, request, delay in outbox:
+        for out in outbox:
+            request = out.request
             body = request.to_json().encode()
-            job_id = self._call(lambda c: c.put(body, priority=request.priority, delay=int(round(delay)), ttr=self.ttr))
-            sent[slot] = None
+            job_id = self._call(lambda c: c.put(body, priority=request.priority, delay=int(round(out.delay)),  # noqa: B023
+                                                ttr=self.ttr))
+            if out.buried:
+                self._ignore(lambda c: c.bury(c.reserve_job(job_id), request.priority))  # noqa: B023
+            sent[out.slot] = None
             sent[_QUEUED + request.key.encode()] = json.dumps({"r": request.to_dict(), "id": job_id}).encode()
         with self._db.write_batch() as batch:
             for key, value in sent.items():
@@ -295,7 +340,8 @@ class BeanstalkQueue:
         pending = []
         for slot, raw in self._db.iterator(prefix=_OUTBOX):
             data = json.loads(raw)
-            pending.append((slot, Request.from_dict(data["r"]), float(data.get("delay", 0.0))))
+            pending.append(_Outgoing(slot, Request.from_dict(data["r"]), float(data.get("delay", 0.0)),
+                                     data.get("buried") is not None))
         if pending:
             log.info("putting %d follow-ups committed before the last stop on beanstalkd", len(pending))
             self._send(pending)

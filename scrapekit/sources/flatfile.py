@@ -6,14 +6,14 @@ The position is "byte offset:line number", so a run resumes mid-file after kill 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ScrapekitError
-from ..model import BadUrl, Request
+from ..model import Request
+from ..seed import BadLine, parse_line
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,9 @@ Kind = Literal["page", "resource", "timeline", "feed", "head"]
 class FlatFileSource:
     """Requests from the lines of ``path``.
 
-    A line is a bare URL, ``url<TAB>field...`` (extra TSV fields go to meta as ``fields``), or a
-    JSON object with at least ``url`` (and optionally key, kind, meta, priority).
+    A line is a bare URL, ``url<TAB>field...`` (extra TSV fields go to meta as ``fields``), a
+    JSON object with at least ``url`` (and optionally key, kind, meta, priority), or a line of a
+    queue dump (see scrapekit.seed).
     """
 
     def __init__(self, path: Path, kind: Kind = "page") -> None:
@@ -42,28 +43,10 @@ class FlatFileSource:
             for raw in handle:
                 offset += len(raw)
                 lineno += 1
-                request = self._parse(raw, lineno)
-                if request is not None:
-                    yield request, f"{offset}:{lineno}"
-
-    def _parse(self, raw: bytes, lineno: int) -> Request | None:
-        try:
-            line = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            log.info("%s:%d: skipped: not UTF-8", self.path, lineno)
-            return None
-        if not line or line.startswith("#"):
-            return None
-        try:
-            if line.startswith("{"):
-                data = json.loads(line)
-                if not isinstance(data, dict) or not isinstance(data.get("url"), str):
-                    raise ValueError("a JSON line needs a string 'url'")
-                data.setdefault("kind", self.kind)
-                return Request.from_dict(data)
-            url, _, rest = line.partition("\t")
-            meta = {"fields": rest.split("\t")} if rest else {}
-            return Request(url=url.strip(), kind=self.kind, meta=meta)
-        except (BadUrl, ValueError, TypeError, KeyError) as exc:
-            log.info("%s:%d: skipped: %s", self.path, lineno, exc)
-            return None
+                try:
+                    line = parse_line(raw, self.kind)
+                except BadLine as exc:
+                    log.warning("%s:%d: skipped: %s", self.path, lineno, exc)
+                    continue
+                if line is not None:
+                    yield line.request, f"{offset}:{lineno}"

@@ -89,9 +89,29 @@ class LevelDbTransaction:
 
     def bury(self, job: Job, reason: str) -> None:
         self._settle(job)
-        record = {"reason": reason, "at": self._queue.clock(), "request": job.request.to_dict()}
-        self._batch[_JOB + job.id.encode()] = json.dumps({"r": job.request.to_dict(), "i": None}).encode()
-        self._batch[_BURIED + job.id.encode()] = json.dumps(record).encode()
+        self._bury(job.id, job.request, reason)
+
+    def put_buried(self, request: Request, reason: str) -> bool:
+        """Queue ``request`` straight into the buried state (loading a dump)."""
+        if request.key in self._new_keys or self._queue.known(request.key):
+            return False
+        self._new_keys.add(request.key)
+        self._bury(request.key, request, reason)
+        return True
+
+    def kick(self, key: str) -> None:
+        """Move the buried job ``key`` back to ready."""
+        raw = self._queue.buried_record(key)
+        if raw is None:
+            return
+        self._batch[_BURIED + key.encode()] = None
+        self._delta["buried"] -= 1
+        self._index(key, Request.from_dict(raw["request"]), 0.0)
+
+    def _bury(self, key: str, request: Request, reason: str) -> None:
+        record = {"reason": reason, "at": self._queue.clock(), "request": request.to_dict()}
+        self._batch[_JOB + key.encode()] = json.dumps({"r": request.to_dict(), "i": None}).encode()
+        self._batch[_BURIED + key.encode()] = json.dumps(record).encode()
         self._delta["buried"] += 1
 
     def set_state(self, name: str, value: Mapping[str, Any] | None) -> None:
@@ -210,6 +230,42 @@ class LevelDbQueue:
         """Buried jobs with their reasons, for inspection."""
         for _, raw in self._db.iterator(prefix=_BURIED):
             yield dict(json.loads(raw))
+
+    def buried_record(self, key: str) -> dict[str, Any] | None:
+        raw = self._db.get(_BURIED + key.encode())
+        return None if raw is None else dict(json.loads(raw))
+
+    def kick(self, bound: int) -> int:
+        """Move up to ``bound`` buried jobs back to ready; returns how many moved."""
+        keys = [k[len(_BURIED):].decode() for k in self._db.iterator(prefix=_BURIED, include_value=False)][:bound]
+        with self.transaction() as tx:
+            for key in keys:
+                tx.kick(key)
+        return len(keys)
+
+    def dump(self) -> Iterator[dict[str, Any]]:
+        """Every job (ready, reserved, delayed, buried) as a dump record, from one snapshot."""
+        now = self.clock()
+        with self._lock:
+            reserved = set(self._reserved)
+        snapshot = self._db.snapshot()
+        try:
+            for key, raw in snapshot.iterator(prefix=_JOB):
+                name = key[len(_JOB):].decode()
+                data = json.loads(raw)
+                record: dict[str, Any] = {"request": data["r"], "state": "ready", "delay": 0.0}
+                if data["i"] is None:
+                    buried = snapshot.get(_BURIED + key[len(_JOB):])
+                    record["state"] = "buried"
+                    record["reason"] = json.loads(buried)["reason"] if buried else ""
+                elif bytes.fromhex(data["i"]).startswith(_DELAYED):
+                    record["state"] = "delayed"
+                    record["delay"] = round(max(0.0, _due_of(bytes.fromhex(data["i"])) - now), 3)
+                elif name in reserved:
+                    record["state"] = "reserved"
+                yield record
+        finally:
+            snapshot.close()
 
     def close(self) -> None:
         """Forget reservations; the jobs stay queued on disk and come back at the next open."""
