@@ -129,10 +129,14 @@ class Runner:
         self._signals = 0
         self._work: stdqueue.Queue[Job | None] = stdqueue.Queue()
         self._done: stdqueue.Queue[Outcome] = stdqueue.Queue()
-        self._in_flight = 0
+        self._flying: dict[str, tuple[Job, float]] = {}  # job id -> (job, last dispatch or touch)
         self._requests: Iterator[tuple[Request, str]] | None = None
         self._source_exhausted = False
         self._next_feed = 0.0
+
+    @property
+    def _in_flight(self) -> int:
+        return len(self._flying)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -215,6 +219,7 @@ class Runner:
                 self.stats.tick()
                 self._write_stats(running=True)
                 self._answer_commands(parts)
+                self._touch(parts)
             done = self.stats.finished()
             if done - last_progress[1] >= self.recipe.progress_every or now - last_progress[0] >= self.recipe.progress_interval:
                 last_progress = (now, done)
@@ -275,7 +280,7 @@ class Runner:
             job = parts.queue.reserve()
             if job is None:
                 return
-            self._in_flight += 1
+            self._flying[job.id] = (job, self.monotonic())
             self._work.put(job)
 
     def _withdraw(self) -> None:
@@ -286,7 +291,7 @@ class Runner:
             except stdqueue.Empty:
                 return
             if job is not None:
-                self._in_flight -= 1
+                self._flying.pop(job.id, None)
 
     def _collect(self, idle: bool) -> list[Outcome]:
         try:
@@ -299,8 +304,17 @@ class Runner:
                 outcomes.append(self._done.get_nowait())
             except stdqueue.Empty:
                 break
-        self._in_flight -= len(outcomes)
+        for outcome in outcomes:
+            self._flying.pop(outcome.job.id, None)
         return outcomes
+
+    def _touch(self, parts: Parts) -> None:
+        """Keep the leases of long fetches (beanstalkd TTR) from running out."""
+        now = self.monotonic()
+        for job_id, (job, since) in list(self._flying.items()):
+            if now - since > parts.queue.ttr / 2:
+                parts.queue.touch(job)
+                self._flying[job_id] = (job, now)
 
     # -- fetch threads -----------------------------------------------------------------------
 

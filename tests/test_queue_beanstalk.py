@@ -154,3 +154,27 @@ def test_unreachable_beanstalkd_is_a_clear_error(state: StateDB) -> None:
     url = f"beanstalk://127.0.0.1:{free_port()}"
     with pytest.raises(QueueError, match=f"cannot reach beanstalkd at {url}"):
         BeanstalkQueue(state, url)
+
+
+def test_touch_keeps_a_long_reservation(state: StateDB, beanstalkd: Beanstalkd) -> None:
+    queue = BeanstalkQueue(state, beanstalkd.url, tube="t", ttr=2)
+    queue.put(Request("http://a.test/long"))
+    job = queue.reserve()
+    assert job is not None
+    for _ in range(3):
+        time.sleep(1.0)
+        queue.touch(job)
+    other = greenstalk.Client(("127.0.0.1", beanstalkd.port), watch="t")
+    with pytest.raises(greenstalk.TimedOutError):
+        other.reserve(timeout=0)  # 3 s after a 2 s TTR, still ours
+    other.close()
+    queue.ack(job)
+    queue.close()
+
+
+def test_deeper_generations_come_later(state: StateDB, beanstalkd: Beanstalkd) -> None:
+    queue = BeanstalkQueue(state, beanstalkd.url, tube="t", depth_priority=100)
+    for depth in (2, 0, 1):
+        queue.put(Request(f"http://a.test/{depth}", depth=depth))
+    assert drain(queue) == ["http://a.test/0", "http://a.test/1", "http://a.test/2"]
+    queue.close()

@@ -185,3 +185,10 @@ def test_second_opener_gets_a_clear_already_running_error(tmp_path: Path) -> Non
         with pytest.raises(AlreadyRunning, match=rf"already running \(pid {os.getpid()}\)"):
             RunLock(tmp_path / "run.pid", "books").acquire()
     RunLock(tmp_path / "run.pid", "books").acquire().release()  # free again once released
+
+
+def test_deeper_generations_come_later(state: StateDB, clock: FakeClock) -> None:
+    queue = LevelDbQueue(state, depth_priority=100, clock=clock)
+    for depth in (2, 0, 1):
+        queue.put(Request(f"http://a.test/{depth}", depth=depth, priority=50))
+    assert drain(queue) == ["http://a.test/0", "http://a.test/1", "http://a.test/2"]

@@ -121,3 +121,29 @@ def test_plugins_by_entry_point_and_by_dotted_path(tmp_path: Path, site, monkeyp
         lines = (recipe.run_dir / "out" / f"{recipe.name}.list").read_text().splitlines()
         assert sorted(json.loads(line)["url"] for line in lines) == [f"{site.url}/page/{n}" for n in range(5)]
     assert sys.modules["skplugins"].__file__.startswith(PLUGINS)
+
+
+def test_the_source_feeds_at_most_window_jobs_ahead(tmp_path: Path, site) -> None:
+    urls = [f"{site.url}/page/{n}" for n in range(3000)]
+    path = make_recipe(tmp_path, urls, extra="fetch: {concurrency: 4}\n")
+    path.write_text(path.read_text().replace("path: urls.txt}", "path: urls.txt, window: 50}"))
+    recipe = load_recipe(path)
+    assert recipe.window == 50
+    assert Runner(recipe, max_requests=20).run() == "max_requests"
+    from scrapekit.sources.leveldb import LevelDbQueue
+    from scrapekit.state import StateDB
+    with StateDB(recipe.run_dir / "state") as state:
+        queue = LevelDbQueue(state)
+        counts = queue.counts()
+        assert counts["done"] == 20 and 0 < counts["ready"] + counts["delayed"] <= 50
+        offset, line = (int(x) for x in queue.get_state("source")["position"].split(":"))
+        assert line <= 20 + 50  # the file was read no further than the window
+
+
+def test_a_long_fetch_keeps_its_beanstalkd_job(tmp_path: Path, site, beanstalkd) -> None:
+    """The runner touches jobs in flight past half their TTR, so a slow page is fetched once."""
+    path = make_recipe(tmp_path, [f"{site.url}/slow?seconds=3.5"],
+                       extra=f"queue: {{type: beanstalk, url: '{beanstalkd.url}', ttr: 2s}}\nfetch: {{timeout: 10s}}\n")
+    assert Runner(load_recipe(path)).run() == "done"
+    assert site.hits["/slow"] == 1
+    assert [r.status for r in rows(tmp_path)] == [200]

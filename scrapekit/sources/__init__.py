@@ -59,7 +59,14 @@ class Queue(Protocol):
     inside ``with queue.transaction() as tx:`` are written as one atomic batch on exit.
     """
 
+    ttr: float
+    """Seconds a reservation lasts unless touched (infinite for a queue whose leases never expire)."""
+
     def reserve(self) -> Job | None: ...
+
+    def touch(self, job: Job) -> None:
+        """Renew the reservation of ``job`` (a long fetch)."""
+        ...
 
     def transaction(self) -> AbstractContextManager[Transaction]: ...
 

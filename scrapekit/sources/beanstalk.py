@@ -98,6 +98,8 @@ class BeanstalkTransaction:
             log.info("not queued: request of %d bytes is over beanstalkd's job limit: %r", len(body), request.url)
             return False
         self.new_keys.add(key)
+        if self._queue.depth_priority and request.depth:
+            request = replace(request, priority=request.priority + self._queue.depth_priority * request.depth)
         slot = _OUTBOX + struct.pack(">Q", self._queue.next_seq())
         delay = max(delay, request.not_before - self._queue.clock(), 0.0)
         self.batch[slot] = json.dumps({"r": request.to_dict(), "delay": delay, "buried": buried}).encode()
@@ -138,12 +140,13 @@ class BeanstalkQueue:
     """
 
     def __init__(self, state: StateDB, url: str = "beanstalk://127.0.0.1:11300", tube: str = "",
-                 ttr: Seconds = Seconds(120.0), name: str = "default",
+                 ttr: Seconds = Seconds(120.0), depth_priority: int = 0, name: str = "default",
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = url
         self.address = parse_url(url)
         self.tube = tube or name
         self.ttr = max(1, int(ttr))
+        self.depth_priority = depth_priority
         self.clock = clock
         self._sleep = sleep
         self._db = state.db

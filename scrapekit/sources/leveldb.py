@@ -16,6 +16,7 @@ acked, retried or buried, so a process that dies holding jobs gives them all bac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import threading
@@ -72,6 +73,7 @@ class LevelDbTransaction:
         if key in self._new_keys or self._queue.known(key):
             return False
         self._new_keys.add(key)
+        request = self._queue.prioritised(request)
         self._index(key, request, request.not_before)
         return True
 
@@ -146,8 +148,12 @@ class LevelDbQueue:
     a batch is all-or-nothing under kill -9 either way.
     """
 
-    def __init__(self, state: StateDB, sync: bool = False, clock: Callable[[], float] = time.time) -> None:
+    ttr = float("inf")  # reservations last until the process ends
+
+    def __init__(self, state: StateDB, sync: bool = False, depth_priority: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.depth_priority = depth_priority
         self._db = state.db
         self._sync = sync
         self._lock = threading.RLock()
@@ -207,6 +213,9 @@ class LevelDbQueue:
     def bury(self, job: Job, reason: str) -> None:
         with self.transaction() as tx:
             tx.bury(job, reason)
+
+    def touch(self, job: Job) -> None:
+        """Nothing to renew: a reservation lasts as long as this process."""
 
     def get_state(self, name: str) -> dict[str, Any] | None:
         raw = self._db.get(_STATE + name.encode())
@@ -274,6 +283,12 @@ class LevelDbQueue:
             self._buffer.clear()
 
     # -- used by transactions ----------------------------------------------------------------
+
+    def prioritised(self, request: Request) -> Request:
+        """Deeper generations later: priority grows by ``depth_priority`` per link followed."""
+        if not self.depth_priority or not request.depth:
+            return request
+        return dataclasses.replace(request, priority=request.priority + self.depth_priority * request.depth)
 
     def reserved_index(self, job: Job) -> bytes:
         try:
