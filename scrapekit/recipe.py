@@ -219,6 +219,8 @@ def _convert_value(node: Node, hint: Any, base: Path) -> Any:
     converter = _SCALARS.get(hint)
     if converter is not None:
         return converter(value)
+    if callable(getattr(hint, "from_recipe", None)):
+        return hint.from_recipe(value)  # a part's own option type, e.g. BeanstalkUrl
     if hint is Path:
         return _input_path(value, base)
     if origin in (list, tuple) or hint in (list, tuple):

@@ -198,3 +198,16 @@ def test_the_bundled_demo_recipe_runs_through_the_cli(tmp_path: Path, site) -> N
     catalogue_items = [i for i in items if "/catalogue/" in i["_url"]]
     assert len(catalogue_items) == 50 * 20
     assert all(i["title"] and i["price"].startswith("£") and i["url"].startswith("/book/") for i in catalogue_items)
+
+
+def test_unreachable_beanstalkd_at_start_names_the_url(tmp_path: Path) -> None:
+    from .conftest import free_port
+    url = f"beanstalk://127.0.0.1:{free_port()}"
+    path = recipe(tmp_path, ["http://127.0.0.1:1/x"], f"queue: {{type: beanstalk, url: '{url}'}}\n")
+    result = scrapekit("run", str(path), cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"error: cannot reach beanstalkd at {url}: Connection refused" in result.stderr
+    assert "Traceback" not in result.stderr
+    bad = recipe(tmp_path, ["http://127.0.0.1:1/x"], "queue: {type: beanstalk, url: 'http://127.0.0.1:1'}\n")
+    checked = scrapekit("check", str(bad), cwd=tmp_path)
+    assert checked.returncode == 2 and f"{bad}:3: queue.url: expected beanstalk://HOST:PORT" in checked.stderr

@@ -49,10 +49,25 @@ _BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 def parse_url(url: str) -> tuple[str, int]:
     """``beanstalk://host:port`` as (host, port); ValueError otherwise."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 11300
+    except ValueError:
+        parts, port = urlsplit(""), 0
     if parts.scheme != "beanstalk" or not parts.hostname:
         raise ValueError(f"expected beanstalk://HOST:PORT, got {url!r}")
-    return parts.hostname, parts.port or 11300
+    return parts.hostname, port
+
+
+class BeanstalkUrl(str):
+    """A ``beanstalk://HOST:PORT`` option, checked when the recipe is read."""
+
+    @classmethod
+    def from_recipe(cls, value: object) -> BeanstalkUrl:
+        if not isinstance(value, str):
+            raise ValueError(f"expected beanstalk://HOST:PORT, got {value!r}")
+        parse_url(value)
+        return cls(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +154,7 @@ class BeanstalkQueue:
     closes). Lost connections are retried with backoff, logged, never fatal.
     """
 
-    def __init__(self, state: StateDB, url: str = "beanstalk://127.0.0.1:11300", tube: str = "",
+    def __init__(self, state: StateDB, url: BeanstalkUrl = BeanstalkUrl("beanstalk://127.0.0.1:11300"), tube: str = "",
                  ttr: Seconds = Seconds(120.0), depth_priority: int = 0, name: str = "default",
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = url
