@@ -28,7 +28,7 @@ for _ in $(seq 1 100); do curl -s -o /dev/null --max-time 1 "$BASE/__stats" && b
 [ -s "$WORK/urls-$LINES.txt" ] || "$VENV/bin/python" "$HARNESS/urls.py" --n "$LINES" --pages "$LINES" --base "$BASE" --out "$WORK/urls-$LINES.txt"
 [ -s "$WORK/urls-10000.txt" ] || head -n 10000 "$WORK/urls-$LINES.txt" > "$WORK/urls-10000.txt"
 
-for n in 10000 "$LINES"; do
+for n in ${SIZES:-10000 $LINES}; do
   rm -rf "$WORK/sk-$n"
   cat > "$WORK/flat-$n.yaml" <<YAML
 name: flat
@@ -52,7 +52,6 @@ YAML
   printf '%s\n' "${samples[@]}" | "$ROOT/.venv/bin/python" -c "
 import sys
 s = [int(x) / 1024 for x in sys.stdin.read().split()]
-q = len(s) // 4 or 1
-print(f'| {int(\"$n\"):,} lines | {$SECONDS_} s | {int(\"$done_n\"):,} pages | RSS after 10 s {s[min(10, len(s) - 1)]:.0f} MB | '
-      f'peak {max(s):.0f} MB | mean of last quarter {sum(s[-q:]) / q:.0f} MB |')"
+marks = ' '.join(f'{t}s:{s[t]:.0f}' for t in range(10, len(s), 30))
+print(f'| {int(\"$n\"):,} lines | {len(s)} s | {int(\"$done_n\"):,} pages | {marks} | peak {max(s):.0f} MB |')"
 done

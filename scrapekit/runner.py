@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from . import control
-from .errors import RecipeError
+from .errors import RecipeError, ScrapekitError
 from .fetchers import Fetcher
 from .logs import CONSOLE
 from .model import Item, Job, Request, Response
@@ -133,6 +133,7 @@ class Runner:
         self._requests: Iterator[tuple[Request, str]] | None = None
         self._source_exhausted = False
         self._next_feed = 0.0
+        self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
 
     @property
     def _in_flight(self) -> int:
@@ -157,8 +158,10 @@ class Runner:
                      recipe.concurrency, recipe.path, extra=CONSOLE)
             try:
                 self._loop(parts)
-            finally:
-                self._write_stats(running=False)
+            except BaseException:
+                self._write_stats(running=False, fresh=False)  # the queue may be what failed
+                raise
+            self._write_stats(running=False)
             log.info("stopped: %s; this run finished %d requests at %.1f/s; %s", self.stop_reason,
                      self.stats.finished(), self.stats.average_rate(), self._progress_text(), extra=CONSOLE)
         return self.stop_reason or "done"
@@ -171,6 +174,9 @@ class Runner:
             self._signals += 1
             if self.stop_reason is None:
                 self.stop_reason = "signal"
+            elif self._signals > 1:
+                # Also out of a blocking call (beanstalkd down): like a crash, nothing is lost.
+                raise ScrapekitError("stopped at once by a second signal; unfinished jobs stay queued")
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.signal(signum, handler)
@@ -236,7 +242,7 @@ class Runner:
     def _finished(self, parts: Parts) -> bool:
         if not self._source_exhausted:
             return False
-        counts = parts.queue.counts()
+        counts = self._queue_counts(parts)
         return counts["ready"] == 0 and counts["delayed"] == 0
 
     def _feed(self, parts: Parts) -> None:
@@ -245,7 +251,7 @@ class Runner:
         if self._source_exhausted or now < self._next_feed:
             return
         self._next_feed = now + _FEED_EVERY
-        counts = parts.queue.counts()
+        counts = self._queue_counts(parts)
         room = self.recipe.window - counts["ready"] - counts["reserved"] - counts["delayed"]
         if room <= 0 or (room < min(_FEED_BATCH, self.recipe.window) // 2 and counts["ready"] > 0):
             return  # feed in batches, not one job per loop
@@ -407,12 +413,16 @@ class Runner:
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def _write_stats(self, running: bool) -> None:
+    def _queue_counts(self, parts: Parts) -> dict[str, int]:
+        self._counts = parts.queue.counts()
+        return self._counts
+
+    def _write_stats(self, running: bool, fresh: bool = True) -> None:
         parts = getattr(self, "parts", None)
         if parts is None:
             return
         snapshot = self.stats.snapshot(
-            parts.queue.counts(), name=self.recipe.name, pid=os.getpid(), running=running,
+            self._queue_counts(parts) if fresh else self._counts, name=self.recipe.name, pid=os.getpid(), running=running,
             updated_at=self.clock(), stop_reason=self.stop_reason, in_flight=self._in_flight,
         )
         try:
@@ -424,7 +434,7 @@ class Runner:
 
     def _progress_text(self) -> str:
         stats = self.stats
-        counts = self.parts.queue.counts()
+        counts = self._counts
         return (
             f"done {stats.totals['done']} failed {stats.totals['failed']} buried {stats.totals['buried']} "
             f"items {stats.totals['items']} | {stats.rate():.1f}/s | queue {counts['ready']} "

@@ -85,3 +85,26 @@ def test_beanstalk_run_killed_and_server_restarted_mid_run(tmp_path: Path, site,
             beanstalkd.start()
     finish(path, tmp_path)
     check_rows(tmp_path, urls)
+
+
+def test_a_run_waits_for_a_dead_beanstalkd_and_a_second_signal_stops_it(tmp_path: Path, site,
+                                                                          beanstalkd: Beanstalkd) -> None:
+    urls = [f"{site.url}/page/{n}" for n in range(300)]
+    path = write_recipe(tmp_path, urls, f"queue: {{type: beanstalk, url: '{beanstalkd.url}', tube: t}}\n")
+    proc = start(path, tmp_path)
+    deadline = time.monotonic() + 30
+    while not list((tmp_path / "work" / "t" / "out").glob("*/*.part")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    beanstalkd.kill()
+    time.sleep(1.0)
+    assert proc.poll() is None  # waiting for beanstalkd, not crashed
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and b"stopped at once by a second signal" in err
+    info = (tmp_path / "work" / "t" / "log" / "info.log").read_text()
+    assert "beanstalkd at " + beanstalkd.url + " unreachable" in info
+    beanstalkd.start()
+    finish(path, tmp_path)
+    check_rows(tmp_path, urls)
