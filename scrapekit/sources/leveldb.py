@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import struct
 import threading
 import time
@@ -40,6 +41,7 @@ _DONE = b"q:k:"
 _COUNTS = b"q:m:counts"
 _SEQ = b"q:m:seq"
 _STATE = b"s:"
+log = logging.getLogger(__name__)
 _COUNT_NAMES = ("ready", "delayed", "buried", "done")
 _FILL = 512  # ready-index entries read per scan; bounds memory, amortises iterator cost
 
@@ -79,7 +81,8 @@ class LevelDbTransaction:
 
     def ack(self, job: Job, follow_ups: Iterable[Request] = ()) -> None:
         self._settle(job)
-        self._batch[_DONE + job.id.encode()] = b""
+        if self._queue.remember_done:
+            self._batch[_DONE + job.id.encode()] = b""
         self._delta["done"] += 1
         for request in follow_ups:
             self.put(request)
@@ -104,8 +107,8 @@ class LevelDbTransaction:
     def kick(self, key: str) -> None:
         """Move the buried job ``key`` back to ready."""
         raw = self._queue.buried_record(key)
-        if raw is None:
-            return
+        if raw is None or "request" not in raw:
+            return  # a corrupt record stays buried: there is nothing to run
         self._batch[_BURIED + key.encode()] = None
         self._delta["buried"] -= 1
         self._index(key, Request.from_dict(raw["request"]), 0.0)
@@ -145,15 +148,18 @@ class LevelDbQueue:
     """The embedded durable queue (see the module docstring for its layout and guarantees).
 
     ``sync=True`` fsyncs every batch: needed only to survive an OS crash or power loss, since
-    a batch is all-or-nothing under kill -9 either way.
+    a batch is all-or-nothing under kill -9 either way. ``remember_done=False`` forgets acked
+    keys (a plain work queue, see scrapekit.queue) instead of refusing them ever after.
+    ``depth_priority`` adds that much to the priority number of each generation of follow-ups.
     """
 
     ttr = float("inf")  # reservations last until the process ends
 
-    def __init__(self, state: StateDB, sync: bool = False, depth_priority: int = 0,
+    def __init__(self, state: StateDB, sync: bool = False, depth_priority: int = 0, remember_done: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.depth_priority = depth_priority
+        self.remember_done = remember_done
         self._db = state.db
         self._sync = sync
         self._lock = threading.RLock()
@@ -184,11 +190,16 @@ class LevelDbQueue:
                 raw = self._db.get(_JOB + key.encode())
                 if raw is None:
                     continue
-                data = json.loads(raw)
-                if data["i"] != index.hex():
-                    continue  # moved since the scan (retried, buried or re-indexed)
+                try:
+                    data = json.loads(raw)
+                    if data["i"] != index.hex():
+                        continue  # moved since the scan (retried, buried or re-indexed)
+                    request = Request.from_dict(data["r"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    self._set_aside(key, index, raw, exc)
+                    continue
                 self._reserved[key] = index
-                return Job(key, Request.from_dict(data["r"]))
+                return Job(key, request)
 
     @contextmanager
     def transaction(self) -> Iterator[LevelDbTransaction]:
@@ -348,6 +359,18 @@ class LevelDbQueue:
                         break
         return taken > 0
 
+    def _set_aside(self, key: str, index: bytes, raw: bytes, exc: Exception, state: str = "ready") -> None:
+        """Bury a record that does not decode, so the rest of the queue stays readable."""
+        log.error("queue record %r does not decode (%s); buried as corrupt", key, exc)
+        record = {"reason": f"corrupt record: {exc}", "at": self.clock(), "raw": raw[:500].decode("utf-8", "replace")}
+        tx = LevelDbTransaction(self)
+        tx._batch[index] = None
+        tx._batch[_JOB + key.encode()] = None
+        tx._batch[_BURIED + key.encode()] = json.dumps(record).encode()
+        tx._delta[state] -= 1
+        tx._delta["buried"] += 1
+        self._commit(tx)
+
     def _promote_due(self) -> None:
         now = self.clock()
         moves: list[tuple[bytes, str]] = []
@@ -357,15 +380,24 @@ class LevelDbQueue:
                 break
         if moves:
             tx = LevelDbTransaction(self)
+            corrupt: list[tuple[str, bytes, bytes, Exception]] = []
             for index, key in moves:
                 raw = self._db.get(_JOB + key.encode())
+                if raw is None:
+                    tx._batch[index] = None
+                    tx._delta["delayed"] -= 1
+                    continue
+                try:
+                    request = Request.from_dict(json.loads(raw)["r"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    corrupt.append((key, index, raw, exc))
+                    continue
                 tx._batch[index] = None
                 tx._delta["delayed"] -= 1
-                if raw is None:
-                    continue
-                request = Request.from_dict(json.loads(raw)["r"])
                 tx._index(key, request, 0.0)
             self._commit(tx)
+            for bad_key, bad_index, bad_raw, error in corrupt:
+                self._set_aside(bad_key, bad_index, bad_raw, error, "delayed")
         self._next_due = self._scan_next_due()
 
     def _scan_next_due(self) -> float | None:
