@@ -289,3 +289,16 @@ def test_consumers_killed_with_sigkill_ack_every_item_exactly_once(tmp_path: Pat
     assert [i for i in items if "task" in i] == []
     results = Counter(i["result"] for i in items)
     assert set(results) == set(range(400)) and max(results.values()) == 1
+
+
+def test_the_documented_example_runs_and_survives_a_kill(tmp_path: Path) -> None:
+    example = [sys.executable, str(ROOT / "examples" / "queue_pipeline.py"), str(tmp_path / "q")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(example, env=env, stdout=subprocess.PIPE)
+    try:
+        first.wait(timeout=0.3)
+    except subprocess.TimeoutExpired:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    second = subprocess.run(example, env=env, capture_output=True, text=True, timeout=60)
+    assert second.stdout.strip() == "100 results, 0 jobs left"
