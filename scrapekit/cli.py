@@ -9,9 +9,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import click
 
@@ -23,7 +22,6 @@ from .state import RunLock, StateDB, running_pid
 from .stats import read_json
 
 log = logging.getLogger("scrapekit.cli")
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _fail(exc: ScrapekitError) -> NoReturn:
@@ -34,8 +32,9 @@ def _fail(exc: ScrapekitError) -> NoReturn:
 def _recipe(path: str) -> Recipe:
     try:
         recipe = load_recipe(path)
-        if recipe.parse is not None:
-            build(recipe.parse, recipe)  # parsers check their expressions when built
+        for spec in (recipe.parse, recipe.follow):
+            if spec is not None:
+                build(spec, recipe)  # parsers and link followers check their expressions when built
         return recipe
     except ScrapekitError as exc:
         _fail(exc)
@@ -73,8 +72,7 @@ def check(recipe: str) -> None:
         _describe(r.queue),
         _describe(r.fetch, f" (concurrency {r.concurrency}, retries {r.retries})"),
     ]
-    if r.parse is not None:
-        lines.append(_describe(r.parse))
+    lines += [_describe(spec) for spec in (r.parse, r.follow) if spec is not None]
     lines += [_describe(spec) for spec in r.stores]
     lines.append(f"limits    max_requests={r.max_requests} max_seconds={r.max_seconds:g}")
     click.echo("\n".join(lines))

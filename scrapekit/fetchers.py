@@ -170,6 +170,7 @@ class HttpFetcher:
     ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.user_agent = user_agent
         self.clock = clock
         self._session = requests.Session()
         self._session.trust_env = False  # no proxies or netrc from the environment behind the recipe's back

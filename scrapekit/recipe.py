@@ -28,9 +28,10 @@ INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _MAX_NODES = 100_000
 _PLAIN_TAGS = frozenset({"2002:map", "2002:seq", "2002:str", "2002:int", "2002:float", "2002:bool", "2002:null"})
-_NOT_YET = ("politeness", "follow", "paginate", "reschedule")
+_NOT_YET = ("paginate", "reschedule")
+_POLITENESS_NOT_YET = ("delay", "per_domain", "bandwidth", "allow_private")
 DEFAULT_BACKOFF: dict[str, float] = {
-    "timeout": 2.0, "refused": 5.0, "broken_body": 2.0,
+    "timeout": 2.0, "refused": 5.0, "broken_body": 2.0, "robots_unavailable": 3600.0,
     "400": 5.0, "403": 4.0, "429": 30.0, "503": 2.0, "5xx": 2.0,
 }
 
@@ -136,6 +137,7 @@ class Recipe:
     fetch: PartSpec
     parse: PartSpec | None
     stores: tuple[PartSpec, ...]
+    follow: PartSpec | None = None
     window: int = 10_000
     concurrency: int = 16
     retries: int = 3
@@ -144,6 +146,8 @@ class Recipe:
     max_seconds: float = 0.0
     progress_every: int = 100
     progress_interval: float = 30.0
+    robots: bool = False
+    robots_expiry: float = 86_400.0
 
     @property
     def run_dir(self) -> Path:
@@ -351,7 +355,8 @@ def load_recipe(path: str | Path) -> Recipe:
     root = load_yaml(path)
     check = _Checker(path)
     base = path.resolve().parent
-    top = ["name", "work_dir", "source", "queue", "fetch", "parse", "store", "limits", "log", *_NOT_YET]
+    top = ["name", "work_dir", "source", "queue", "fetch", "parse", "follow", "politeness", "store", "limits", "log",
+           *_NOT_YET]
     given = check.keys(root, "", top)
     for key in _NOT_YET:
         if key in given:
@@ -374,6 +379,8 @@ def load_recipe(path: str | Path) -> Recipe:
     fetch_extra = {"concurrency": 16, "retries": 3, "backoff": None}
     fetch, fetch_keys = _part(check, given.get("fetch"), "fetch", "fetchers", "http", base, fetch_extra)
     parse, _ = _part(check, given.get("parse"), "parse", "parsers", None, base)
+    follow, _ = _part(check, given.get("follow"), "follow", "strategies",
+                      "follow_links" if "follow" in given else None, base)
 
     stores: list[PartSpec] = []
     store_node = given.get("store")
@@ -402,6 +409,16 @@ def load_recipe(path: str | Path) -> Recipe:
             settings["max_requests"] = check.convert(limits["max_requests"], "limits.max_requests", int, base)
         if "max_seconds" in limits:
             settings["max_seconds"] = check.convert(limits["max_seconds"], "limits.max_seconds", Seconds, base)
+    if "politeness" in given:
+        polite = check.keys(given["politeness"], "politeness", ["robots", "robots_expiry", *_POLITENESS_NOT_YET])
+        settings["robots"] = True  # a politeness section obeys robots.txt unless it says otherwise
+        if "robots" in polite:
+            settings["robots"] = check.convert(polite["robots"], "politeness.robots", bool, base)
+        if "robots_expiry" in polite:
+            settings["robots_expiry"] = check.convert(polite["robots_expiry"], "politeness.robots_expiry", Seconds, base)
+        for key in _POLITENESS_NOT_YET:
+            if key in polite:
+                check.error(polite[key].line, f"politeness.{key}", "not available in this version of scrapekit yet")
     if "log" in given:
         logs = check.keys(given["log"], "log", ["progress_every", "progress_interval"])
         if "progress_every" in logs:
@@ -413,7 +430,7 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeErrors(check.errors)
     assert source is not None and queue is not None and fetch is not None
     return Recipe(path=path, name=name, work_dir=work_dir, source=source, queue=queue, fetch=fetch,
-                  parse=parse, stores=tuple(stores), **settings)
+                  parse=parse, stores=tuple(stores), follow=follow, **settings)
 
 
 def _backoff(check: _Checker, node: Node) -> Mapping[str, float]:
@@ -422,7 +439,7 @@ def _backoff(check: _Checker, node: Node) -> Mapping[str, float]:
         check.error(node.line, "fetch.backoff", "expected a mapping like {503: 2s, 5xx: 2s, timeout: 5s}")
         return types.MappingProxyType(table)
     for key, child in node.value.items():
-        if not re.fullmatch(r"[1-5]\d\d|[1-5]xx|timeout|refused|broken_body|dns", str(key)):
+        if not re.fullmatch(r"[1-5]\d\d|[1-5]xx|timeout|refused|broken_body|dns|robots_unavailable", str(key)):
             check.error(child.line, f"fetch.backoff.{key}", "expected an HTTP status (503), a class (5xx) or an error kind (timeout, refused, broken_body, dns)")
             continue
         try:

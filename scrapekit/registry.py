@@ -26,7 +26,9 @@ BUILTINS: dict[str, dict[str, str]] = {
         "html": "scrapekit.parsers:HtmlParser",
         "raw": "scrapekit.parsers:RawParser",
     },
-    "strategies": {},
+    "strategies": {
+        "follow_links": "scrapekit.crawl:FollowLinks",
+    },
     "stores": {
         "chunked_tsv": "scrapekit.stores.chunked:ChunkedTsvStore",
         "jsonl": "scrapekit.stores.chunked:JsonlStore",

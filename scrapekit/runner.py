@@ -9,6 +9,7 @@ acked job has its row.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import logging
 import os
@@ -16,7 +17,9 @@ import queue as stdqueue
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import FrameType
@@ -24,13 +27,16 @@ from typing import Any
 
 from . import control
 from .errors import RecipeError, ScrapekitError
+from .crawl import Strategy
 from .fetchers import Fetcher
+from .links import registered_domain
 from .logs import CONSOLE
 from .model import Item, Job, Request, Response
 from .parsers import Parser
 from .policy import Decision, decide
 from .recipe import PartSpec, Recipe
-from .sources import Queue, Source
+from .robots import RobotsCache
+from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
 from .stats import Stats, write_json_atomic
 from .stores import Checkpointed, Store
@@ -62,6 +68,8 @@ class Parts:
     queue: Queue
     fetcher: Fetcher
     parser: Parser | None
+    follow: Strategy | None = None
+    robots: RobotsCache | None = None
     stores: list[tuple[str, Store]] = field(default_factory=list)
 
 
@@ -73,7 +81,12 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
     fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock)
     stack.callback(fetcher.close)
     parser = build(recipe.parse, recipe) if recipe.parse else None
-    parts = Parts(source, queue, fetcher, parser)
+    follow = build(recipe.follow, recipe) if recipe.follow else None
+    robots = None
+    if recipe.robots:
+        user_agent = getattr(fetcher, "user_agent", "scrapekit")
+        robots = RobotsCache(state.db, fetcher.fetch, user_agent, expiry=recipe.robots_expiry, clock=clock)
+    parts = Parts(source, queue, fetcher, parser, follow, robots)
     out_dir = recipe.run_dir / "out"
     for index, spec in enumerate(recipe.stores):
         state_name = f"store/{index}"
@@ -102,6 +115,8 @@ class Outcome:
     response: Response
     items: list[Item]
     links: list[Request]
+    rejected: Counter[str] = field(default_factory=Counter)
+    digest: str = ""  # of the body, for content dedupe when following links
 
 
 class Runner:
@@ -334,22 +349,39 @@ class Runner:
     def _process(self, parts: Parts, job: Job) -> Outcome:
         request = job.request
         try:
-            response = parts.fetcher.fetch(request)
-            if response.error is None and parts.parser is not None:
-                items, links = parts.parser.parse(response)
-            else:
-                items, links = [], []
-            return Outcome(job, response, items, links)
+            refusal = self._robots_refusal(parts, request)
+            response = refusal or parts.fetcher.fetch(request)
+            if response.error is not None:
+                return Outcome(job, response, [], [])
+            items, links = parts.parser.parse(response) if parts.parser is not None else ([], [])
+            if parts.follow is None:
+                return Outcome(job, response, items, links)
+            found = parts.follow.follow_ups(response)
+            digest = hashlib.sha1(response.body).hexdigest()
+            return Outcome(job, response, items, links + found.requests, found.rejected, digest)
         except Exception as exc:  # the part boundary: a bug in a part must not stop the run
             log.critical("part failed on %r: %s: %s", request.url, type(exc).__name__, exc, exc_info=True)
             response = Response(request, 0, "part_error", fetched_at=self.clock(), error="part_error")
             return Outcome(job, response, [], [])
+
+    def _robots_refusal(self, parts: Parts, request: Request) -> Response | None:
+        """A response standing for a fetch robots.txt does not allow (None when it does)."""
+        if parts.robots is None:
+            return None
+        verdict = parts.robots.check(request.url)
+        if verdict.allowed:
+            return None
+        now = self.clock()
+        wait = None if verdict.retry_at is None else max(0.0, verdict.retry_at - now)
+        kind = "robots_unavailable" if verdict.reason == "robots_unavailable" else "robots_disallowed"
+        return Response(request, 0, verdict.reason, fetched_at=now, error=kind, retry_after=wait)
 
     # -- commit ------------------------------------------------------------------------------
 
     def _commit(self, parts: Parts, outcomes: list[Outcome]) -> None:
         """Write the outcomes' records, then ack them with the stores' checkpoints in one batch."""
         decisions = [decide(o.response, self.recipe.retries, self.recipe.backoff) for o in outcomes]
+        outcomes = self._drop_duplicate_content(parts, outcomes, decisions)
         seen: set[str] = set()
         for i, (outcome, decision) in enumerate(zip(outcomes, decisions)):
             key = outcome.job.request.key
@@ -388,7 +420,10 @@ class Runner:
                     tx.bury(job, response.error or "")
                     stats.count("buried")
                 else:
-                    tx.ack(job, outcome.links)
+                    tx.ack(job)
+                    self._queue_links(parts, tx, outcome)
+                    if outcome.digest:
+                        tx.set_state(_content_key(outcome), {"key": job.request.key})
                     stats.count("done" if response.error is None else "failed")
                     if response.error is not None:
                         log.info("failed: %r %s %s", job.request.url, response.status, response.error)
@@ -410,6 +445,39 @@ class Runner:
             result = control.execute(parts.queue, command, self.recipe.run_dir)
             log.info("command %s: %s", command.get("command"), result, extra=CONSOLE)
             control.answer(path, result)
+
+    def _queue_links(self, parts: Parts, tx: Transaction, outcome: Outcome) -> None:
+        """Queue the follow-ups never seen before that the strategy admits; count the rest."""
+        links = self.stats.links
+        links.update(outcome.rejected)
+        for link in outcome.links:
+            if parts.queue.known(link.key):
+                links["seen"] += 1
+                continue
+            reason = parts.follow.admit(link) if parts.follow is not None else None
+            if reason is not None:
+                links[reason] += 1
+            elif tx.put(link):
+                links["queued"] += 1
+            else:
+                links["seen"] += 1  # twice in this batch
+
+    def _drop_duplicate_content(self, parts: Parts, outcomes: list[Outcome],
+                                decisions: list[Decision]) -> list[Outcome]:
+        """A page whose body was already stored for its site is recorded as a duplicate and its
+        links are not followed again."""
+        batch: set[str] = set()
+        kept = []
+        for outcome, decision in zip(outcomes, decisions):
+            if outcome.digest and decision.action == "done":
+                key = _content_key(outcome)
+                if key in batch or parts.queue.get_state(key) is not None:
+                    response = dataclasses.replace(outcome.response, reason="duplicate")
+                    outcome = Outcome(outcome.job, response, outcome.items, [], outcome.rejected)
+                    self.stats.links["duplicate_pages"] += 1
+                batch.add(key)
+            kept.append(outcome)
+        return kept
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -440,6 +508,10 @@ class Runner:
             f"items {stats.totals['items']} | {stats.rate():.1f}/s | queue {counts['ready']} "
             f"delayed {counts['delayed']} in flight {self._in_flight}"
         )
+
+
+def _content_key(outcome: Outcome) -> str:
+    return f"h/{registered_domain(urlsplit(outcome.job.request.url).hostname or '')}/{outcome.digest}"
 
 
 def run_recipe(recipe: Recipe, **kwargs: Any) -> str:

@@ -25,6 +25,7 @@ class Stats:
         self.totals: dict[str, int] = {name: int(totals.get(name, 0)) for name in TOTALS}
         self.statuses: Counter[str] = Counter(totals.get("statuses", {}))
         self.errors: Counter[str] = Counter(totals.get("errors", {}))
+        self.links: Counter[str] = Counter(totals.get("links", {}))  # queued, seen, rejected by reason
         self.session: Counter[str] = Counter()
         self._monotonic = monotonic
         self._window = window
@@ -55,7 +56,7 @@ class Stats:
 
     def persistent(self) -> dict[str, Any]:
         """What goes into the state batch with the acks."""
-        return {**self.totals, "statuses": dict(self.statuses), "errors": dict(self.errors)}
+        return {**self.totals, "statuses": dict(self.statuses), "errors": dict(self.errors), "links": dict(self.links)}
 
     def snapshot(self, queue: Mapping[str, int], **extra: Any) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class Stats:
             "uptime": round(self._monotonic() - self._started, 1),
             "statuses": dict(self.statuses),
             "errors": dict(self.errors),
+            "links": dict(self.links),
             "queue": dict(queue),
             **extra,
         }

@@ -95,7 +95,9 @@ def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
     ("source: {type: flat_file, path: urls.txt}\nsource: {type: flat_file, path: urls.txt}\n", "2: source: duplicate key"),
     ("source: {type: flat_file, path: urls.txt}\nfetch: {user_agent: no}\n", "2: fetch.user_agent: expected a string, got false (YAML reads yes/no/on/off"),
     ("source: {type: flat_file, path: urls.txt}\nfetch: {concurrency: 010}\n", "2: fetch.concurrency: 010 reads as octal"),
-    ("source: {type: flat_file, path: urls.txt}\nfollow: {max_depth: 2}\n", "2: follow: this section is not available"),
+    ("source: {type: flat_file, path: urls.txt}\npaginate: {type: page}\n", "2: paginate: this section is not available"),
+    ("source: {type: flat_file, path: urls.txt}\npoliteness: {delay: 1s}\n", "2: politeness.delay: not available in this version"),
+    ("source: {type: flat_file, path: urls.txt}\nfollow: {max_dept: 2}\n", "2: follow.max_dept: unknown key (did you mean 'max_depth'?)"),
     ("source: {type: flat_file, path: urls.txt}\nsource_x: 1\n", "2: source_x: unknown key (did you mean 'source'?)"),
     ("source: !!python/object/apply:os.system ['true']\n", ": yaml: "),
     ("source: {type: flat_file, path: urls.txt, kind: pages}\n", "1: source.kind: expected one of page, resource"),
@@ -129,3 +131,10 @@ def test_bad_backoff_key(tmp_path: Path) -> None:
     path = write(tmp_path, "source: {type: flat_file, path: urls.txt}\nfetch:\n  backoff: {teapot: 1s}\n")
     (line,) = errors_of(path)
     assert line.startswith(f"{path}:3: fetch.backoff.teapot: expected an HTTP status")
+
+
+def test_politeness_section_obeys_robots_by_default(tmp_path: Path) -> None:
+    assert not load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\n")).robots
+    assert load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\npoliteness: {}\n")).robots
+    recipe = load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\npoliteness: {robots: false, robots_expiry: 1h}\n"))
+    assert (recipe.robots, recipe.robots_expiry) == (False, 3600.0)

@@ -78,6 +78,10 @@ class Queue(Protocol):
         """True once a job with this key was acked."""
         ...
 
+    def known(self, key: str) -> bool:
+        """True when a job with this key is queued (in any state) or done."""
+        ...
+
     def counts(self) -> dict[str, int]:
         """Jobs ready (not reserved), reserved, delayed, buried, and done."""
         ...
