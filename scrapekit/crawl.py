@@ -51,7 +51,7 @@ class FollowLinks:
         deny: list[str] | None = None,
         max_url_length: int = 2000,
         max_segment_repeats: int = 3,
-        max_per_pattern: int = 1000,
+        max_per_pattern: int = 100_000,
     ) -> None:
         self._extractor = LinkExtractor(links)
         self._filter = LinkFilter(allow=allow, deny=deny, same_domain=same_domain, max_depth=max_depth)

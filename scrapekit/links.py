@@ -198,7 +198,7 @@ class TrapFilter:
     times, a query key given twice, and more than ``max_per_pattern`` URLs of one host and path
     pattern (digits as N, query keys only), which stops calendars and ever-growing queries."""
 
-    def __init__(self, max_url_length: int = 2000, max_segment_repeats: int = 3, max_per_pattern: int = 1000,
+    def __init__(self, max_url_length: int = 2000, max_segment_repeats: int = 3, max_per_pattern: int = 100_000,
                  counts: MutableMapping[str, int] | None = None) -> None:
         self.max_url_length = max_url_length
         self.max_segment_repeats = max_segment_repeats
