@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -43,9 +44,22 @@ def _charset(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+_last = threading.local()  # the parser and the link follower of one thread share one parse
+
+
 def html_root(response: Response) -> etree._Element | None:
     """The parsed document, trusting the charset header only when the body decodes with it;
-    otherwise lxml reads the page's own meta charset. None for an empty or unparseable body."""
+    otherwise lxml reads the page's own meta charset. None for an empty or unparseable body.
+    The last document parsed in this thread is reused for the same Response object."""
+    if getattr(_last, "response", None) is response:
+        root: etree._Element | None = _last.root
+        return root
+    root = _parse_html(response)
+    _last.response, _last.root = response, root
+    return root
+
+
+def _parse_html(response: Response) -> etree._Element | None:
     body = response.body
     if not body.strip():
         return None
