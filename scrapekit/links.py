@@ -7,116 +7,52 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-import string
+from collections import Counter
 from collections.abc import MutableMapping
-from urllib.parse import quote, urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit
 
+import lxml.html
 import tldextract
 from lxml import etree
 
-from .model import BadUrl, Request, Response
+from .model import BadUrl, Request, Response, canonical_url
 from .parsers import html_root
 
-SESSION_PARAMS = frozenset({"jsessionid", "phpsessid", "sid", "sessionid", "aspsessionid", "cfid", "cftoken"})
-"""Query keys (any case) that name a session, not a page: dropped from canonical URLs."""
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_PATH_PARAMS = re.compile(r";(?:jsessionid|phpsessid|sessionid)=[^/?#]*", re.IGNORECASE)
-_SAFE_PATH = "/:@!$&'()*+,;=-._~%"
-_SAFE_QUERY = "/:@!$'()*+,;-._~%?"
-_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]")
-_DIGITS = re.compile(r"\d+")
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
-_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
-_BASE_HREF = etree.XPath("//base/@href")
-
-
-def _unescape_unreserved(match: re.Match[str]) -> str:
-    char = chr(int(match.group(1), 16))
-    return char if char in _UNRESERVED else "%" + match.group(1).upper()
-
-
-def _normalise_escapes(text: str, safe: str) -> str:
-    """Escapes of unreserved characters decoded, other escapes upper-cased (``%2f`` stays an
-    escaped slash), non-ASCII characters escaped as UTF-8; a broken ``%zz`` is left as it is."""
-    if "%" in text:
-        text = _ESCAPE.sub(_unescape_unreserved, text)
-    if not text.isascii():
-        text = quote(text, safe=safe + "%")
-    return text
-
-
-def _remove_dot_segments(path: str) -> str:
-    if "." not in path:
-        return path
-    out: list[str] = []
-    for segment in path.split("/"):
-        if segment == "..":
-            if len(out) > 1:
-                out.pop()
-        elif segment != ".":
-            out.append(segment)
-    if path.endswith(("/.", "/..")):
-        out.append("")
-    return "/".join(out) or "/"
-
-
-def canonicalize(url: str, base: str | None = None) -> str:
-    """``url`` (resolved against ``base``) in one canonical form; BadUrl unless absolute http(s)."""
-    url = url.strip()
-    if base:
-        url = urljoin(base, url)
-    if _BAD_CHARS.search(url):
-        raise BadUrl(f"URL contains whitespace or control characters: {url!r}")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise BadUrl(f"unparseable URL {url!r}: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise BadUrl(f"not an http(s) URL: {url!r}")
-    host = (parts.hostname or "").rstrip(".")
-    if not host:
-        raise BadUrl(f"URL has no host: {url!r}")
-    if not host.isascii():
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError as exc:
-            raise BadUrl(f"bad international host in {url!r}: {exc}") from None
-    host = host.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
-    path = _PATH_PARAMS.sub("", parts.path) or "/"
-    path = _remove_dot_segments(_normalise_escapes(path, _SAFE_PATH))
-    query = parts.query
-    if query:
-        pairs = [p for p in query.split("&") if p]
-        pairs = [p for p in pairs if p.partition("=")[0].lower() not in SESSION_PARAMS]
-        query = "&".join(sorted((_normalise_escapes(p, _SAFE_QUERY + "=") for p in pairs),
-                                key=lambda p: p.partition("=")[0]))
-    return urlunsplit((scheme, netloc, path, query, ""))
-
+canonicalize = canonical_url
+"""One canonical form for every URL: the same function that makes request keys."""
 
 _extractor: tldextract.TLDExtract | None = None
 
 
 @functools.lru_cache(maxsize=100_000)
 def registered_domain(host: str) -> str:
-    """The registered domain (eTLD+1) of ``host``; the host itself for IPs and bare names."""
+    """The registered domain (eTLD+1) of ``host``, lower-case: ``www.bbc.co.uk`` → ``bbc.co.uk``.
+
+    IP addresses (``[::1]`` brackets dropped) and hosts under no public suffix (``localhost``)
+    give the host itself. Offline: the public suffix list bundled with tldextract, no files.
+    """
     global _extractor
-    host = host.strip("[]").lower()
+    host = host.strip("[]").rstrip(".").lower()
     try:
-        ipaddress.ip_address(host)
-        return host
+        return ipaddress.ip_address(host).compressed
     except ValueError:
         pass
     if _extractor is None:
-        # the bundled suffix list only: no network, no cache files
+        # Built on first use, not at import; two threads racing here build two equal extractors.
         _extractor = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
     domain: str = _extractor(host).top_domain_under_public_suffix
     return domain or host
+
+
+_BASE_HREF = etree.XPath("//base/@href")
+_HTML_TYPES = frozenset({"", "text/html", "application/xhtml+xml"})
+"""Media types whose links are followed ("": no content-type header, the body decides)."""
+
+# A browser drops tabs and newlines anywhere in an href (attributes wrapped over lines).
+_HREF_CLEANUP = str.maketrans({"\t": None, "\n": None, "\r": None})
+# Unknown functions and variables fail only when evaluated on a node they apply to: the
+# constructor evaluates each expression once on this page rather than fail on the first real one.
+_SAMPLE_PAGE = '<html><head><base href="/"></head><body><a href="/">a</a></body></html>'
 
 
 class LinkExtractor:
@@ -124,30 +60,43 @@ class LinkExtractor:
     ``href`` is taken); ``<base href>`` honoured, odd schemes and broken URLs dropped."""
 
     def __init__(self, links: str = "//a/@href") -> None:
-        self._css = links.startswith("css:")
+        """Raises ValueError naming the expression when it does not compile or evaluate."""
+        css = links.startswith("css:")
         try:
-            if self._css:
+            if css:
                 from lxml.cssselect import CSSSelector
 
                 self._select: etree.XPath = CSSSelector(links[4:].strip())
             else:
                 self._select = etree.XPath(links)
-        except (etree.XPathSyntaxError, ImportError, ValueError, SyntaxError) as exc:
-            raise ValueError(f"links: bad {'CSS' if self._css else 'XPath'} {links!r}: {exc}") from None
+            self._select(lxml.html.document_fromstring(_SAMPLE_PAGE))
+        except (etree.XPathError, ImportError, ValueError, SyntaxError) as exc:
+            raise ValueError(f"links: bad {'CSS' if css else 'XPath'} {links!r}: {exc}") from None
 
     def extract(self, response: Response) -> list[str]:
+        """The page's links as canonical absolute URLs, each once, in document order.
+
+        Links that are not http(s) or do not parse are dropped; empty, malformed and non-HTML
+        bodies give []. Never raises for what a page contains.
+        """
+        media_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type not in _HTML_TYPES:
+            return []
         root = html_root(response)
         if root is None:
             return []
-        base = response.final_url
-        declared = _BASE_HREF(root)
-        if isinstance(declared, list) and declared:
-            base = urljoin(base, str(declared[0]))
         found = self._select(root)
+        declared = _BASE_HREF(root)
+        base = response.final_url
+        if isinstance(declared, list) and declared:
+            base = _join_base(base, str(declared[0]))
         out: dict[str, None] = {}
         for value in found if isinstance(found, list) else []:
             href = value.get("href") if isinstance(value, etree._Element) else value
-            if not isinstance(href, str) or not href.strip():
+            if not isinstance(href, str):
+                continue
+            href = href.strip().translate(_HREF_CLEANUP)
+            if not href:
                 continue
             try:
                 out.setdefault(canonicalize(href, base))
@@ -156,7 +105,17 @@ class LinkExtractor:
         return list(out)
 
 
+def _join_base(page_url: str, declared: str) -> str:
+    """The page's base URL: its ``<base href>`` resolved against it, unless that is unusable."""
+    try:
+        base = urljoin(page_url, declared.strip())
+    except ValueError:
+        return page_url
+    return base if base.lower().startswith(("http://", "https://")) else page_url
+
+
 LINK_REASONS = ("denied", "not_allowed", "other_domain", "too_deep")
+"""Why LinkFilter.check refuses a link."""
 
 
 class LinkFilter:
@@ -165,6 +124,7 @@ class LinkFilter:
 
     def __init__(self, allow: list[str] | None = None, deny: list[str] | None = None,
                  same_domain: bool = False, max_depth: int = 0) -> None:
+        """Raises ValueError for a pattern that does not compile."""
         try:
             self._allow = [re.compile(p) for p in allow or []]
             self._deny = [re.compile(p) for p in deny or []]
@@ -174,7 +134,8 @@ class LinkFilter:
         self._max_depth = max_depth
 
     def check(self, url: str, parent: Request) -> str | None:
-        """None when ``url`` may be followed from ``parent``, else a reason from LINK_REASONS."""
+        """None when ``url`` may be followed from ``parent``, else a reason from LINK_REASONS
+        (the first that applies, cheapest first)."""
         if self._max_depth and parent.depth + 1 > self._max_depth:
             return "too_deep"
         if any(p.search(url) for p in self._deny):
@@ -191,12 +152,19 @@ def _domain(url: str) -> str:
 
 
 TRAP_REASONS = ("too_long", "repeated_segment", "repeated_param", "pattern_cap")
+"""Why TrapFilter refuses a link: ``check`` gives the first three, ``count`` the last."""
+
+_DIGITS = re.compile(r"\d+")
 
 
 class TrapFilter:
     """Loops and traps: over-long URLs, a path segment repeated more than ``max_segment_repeats``
     times, a query key given twice, and more than ``max_per_pattern`` URLs of one host and path
-    pattern (digits as N, query keys only), which stops calendars and ever-growing queries."""
+    pattern (digits as N, query keys only), which stops calendars and ever-growing queries.
+
+    ``check`` is pure and may run in any thread; ``count`` writes to ``counts``, a mapping the
+    caller may back with something persistent, and belongs to one thread.
+    """
 
     def __init__(self, max_url_length: int = 2000, max_segment_repeats: int = 3, max_per_pattern: int = 100_000,
                  counts: MutableMapping[str, int] | None = None) -> None:
@@ -206,21 +174,27 @@ class TrapFilter:
         self.counts: MutableMapping[str, int] = {} if counts is None else counts
 
     def check(self, url: str) -> str | None:
-        """None for a URL that looks fine, else a reason from TRAP_REASONS (all but pattern_cap)."""
+        """None for a canonical URL that looks fine, else "too_long", "repeated_segment" or
+        "repeated_param" (TRAP_REASONS, in that order). Counts nothing."""
         if len(url) > self.max_url_length:
             return "too_long"
         parts = urlsplit(url)
-        segments = [s for s in parts.path.split("/") if s]
-        if segments and max(segments.count(s) for s in set(segments)) > self.max_segment_repeats:
+        segments = Counter(s for s in parts.path.split("/") if s)
+        if segments and max(segments.values()) > self.max_segment_repeats:
             return "repeated_segment"
-        keys = [p.partition("=")[0] for p in parts.query.split("&") if p]
-        if len(keys) != len(set(keys)):
-            return "repeated_param"
+        if parts.query:
+            keys = [p.partition("=")[0] for p in parts.query.split("&") if p]
+            if len(keys) != len(set(keys)):
+                return "repeated_param"
         return None
 
     def count(self, url: str) -> str | None:
-        """Count a URL never seen before against its pattern: "pattern_cap" once the pattern is
-        full, else None. Call it only for new URLs, so links seen again do not fill the cap."""
+        """Count ``url`` against its host and path pattern: "pattern_cap" once the pattern has
+        ``max_per_pattern`` URLs (the URL is then not counted), else None.
+
+        Call it only for URLs that passed ``check`` and were never seen before, so a link seen
+        again, or refused for another reason, does not fill the cap.
+        """
         parts = urlsplit(url)
         keys = sorted(p.partition("=")[0] for p in parts.query.split("&") if p)
         pattern = f"{parts.netloc}{_DIGITS.sub('N', parts.path)}?{'&'.join(keys)}"

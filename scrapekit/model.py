@@ -7,26 +7,70 @@ Small frozen dataclasses with one-JSON-line (de)serialisation; follow-ups are ma
 from __future__ import annotations
 
 import json
+import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 KINDS = ("page", "resource", "timeline", "feed", "head")
 DEFAULT_PRIORITY = 1024
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class BadUrl(ValueError):
     """A URL scrapekit will not fetch (not http(s), no host, unparseable)."""
 
 
-def canonical_url(url: str) -> str:
-    """The URL with scheme and host lower-cased, default port and fragment dropped.
+SESSION_PARAMS = frozenset({"jsessionid", "phpsessid", "sid", "sessionid", "aspsessionid", "cfid", "cftoken"})
+"""Query keys (any case) that name a session, not a page: dropped from canonical URLs."""
 
-    Raises BadUrl for anything that is not an absolute http(s) URL.
-    """
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_PATH_PARAMS = re.compile(r";(?:jsessionid|phpsessid|sessionid)=[^/?#]*", re.IGNORECASE)
+_SAFE_PATH = "/:@!$&'()*+,;=-._~%"
+_SAFE_QUERY = "/:@!$'()*+,;-._~%?"
+_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+
+
+def _unescape_unreserved(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _UNRESERVED else "%" + match.group(1).upper()
+
+
+def _normalise_escapes(text: str, safe: str) -> str:
+    """Escapes of unreserved characters decoded, other escapes upper-cased (``%2f`` stays an
+    escaped slash), non-ASCII characters escaped as UTF-8; a broken ``%zz`` is left as it is."""
+    if "%" in text:
+        text = _ESCAPE.sub(_unescape_unreserved, text)
+    if not text.isascii():
+        text = quote(text, safe=safe + "%")
+    return text
+
+
+def _remove_dot_segments(path: str) -> str:
+    if "." not in path:
+        return path
+    out: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if len(out) > 1:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    if path.endswith(("/.", "/..")):
+        out.append("")
+    return "/".join(out) or "/"
+
+
+def canonical_url(url: str, base: str | None = None) -> str:
+    """``url`` (resolved against ``base``) in one canonical form; BadUrl unless absolute http(s)."""
     url = url.strip()
+    if base:
+        url = urljoin(base, url)
+    if _BAD_CHARS.search(url):
+        raise BadUrl(f"URL contains whitespace or control characters: {url!r}")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -35,20 +79,27 @@ def canonical_url(url: str) -> str:
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise BadUrl(f"not an http(s) URL: {url!r}")
-    host = (parts.hostname or "").lower()
+    host = (parts.hostname or "").rstrip(".")
     if not host:
         raise BadUrl(f"URL has no host: {url!r}")
-    if any(ch.isspace() or ord(ch) < 32 for ch in url):
-        raise BadUrl(f"URL contains whitespace or control characters: {url!r}")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise BadUrl(f"bad international host in {url!r}: {exc}") from None
+    host = host.lower()
     if ":" in host:
         host = f"[{host}]"
     netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
-    if parts.username or parts.password:
-        userinfo = parts.username or ""
-        if parts.password:
-            userinfo += ":" + parts.password
-        netloc = f"{userinfo}@{netloc}"
-    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+    path = _PATH_PARAMS.sub("", parts.path) or "/"
+    path = _remove_dot_segments(_normalise_escapes(path, _SAFE_PATH))
+    query = parts.query
+    if query:
+        pairs = [p for p in query.split("&") if p]
+        pairs = [p for p in pairs if p.partition("=")[0].lower() not in SESSION_PARAMS]
+        query = "&".join(sorted((_normalise_escapes(p, _SAFE_QUERY + "=") for p in pairs),
+                                key=lambda p: p.partition("=")[0]))
+    return urlunsplit((scheme, netloc, path, query, ""))
 
 
 @dataclass(frozen=True, slots=True)

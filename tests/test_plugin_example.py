@@ -4,6 +4,7 @@ recipe by its short names, its options checked like built-in ones."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site-packages")
+    source = tmp_path_factory.mktemp("src") / "scrapekit-sitemap"
+    shutil.copytree(ROOT / "examples" / "scrapekit-sitemap", source)  # builds leave files behind
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--no-build-isolation", "--target", str(target), str(ROOT / "examples" / "scrapekit-sitemap")],
+                    "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True)
     assert (target / "scrapekit_sitemap").is_dir()
     assert list(target.glob("scrapekit_sitemap-*.dist-info/entry_points.txt"))
