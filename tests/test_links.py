@@ -33,16 +33,24 @@ from scrapekit.links import (LINK_REASONS, TRAP_REASONS, LinkExtractor, LinkFilt
     ("http://example.com/p?SessionId=1&aspsessionid=2&CFID=3&cftoken=4", "http://example.com/p"),
     ("http://example.com/p;jsessionid=ABC123?q=1", "http://example.com/p?q=1"),
     ("http://example.com/p;JSESSIONID=ABC123", "http://example.com/p"),
+    ("http://example.com/?%73id=1&b=2", "http://example.com/?b=2"),
+    ("http://example.com/?s=0123456789abcdef0123456789ABCDEF&q=1", "http://example.com/?q=1"),
+    ("http://example.com/?s=words", "http://example.com/?s=words"),  # a search, not a session
     # percent-encoding: unreserved decoded, other escapes upper-cased, non-ASCII escaped
     ("http://example.com/%7euser/a%2fb", "http://example.com/~user/a%2Fb"),
     ("http://example.com/%41%2D%5f?q=%e2%82%ac", "http://example.com/A-_?q=%E2%82%AC"),
     ("http://example.com/café?q=€", "http://example.com/caf%C3%A9?q=%E2%82%AC"),
+    ("http://example.com/%zz/100%?q=%g1", "http://example.com/%25zz/100%25?q=%25g1"),
+    ('http://example.com/a"b<c>{d}|^`', "http://example.com/a%22b%3Cc%3E%7Bd%7D%7C%5E%60"),
+    ("http://example.com/p?a[]=1", "http://example.com/p?a%5B%5D=1"),
     # international hosts to punycode
     ("http://bücher.example/", "http://xn--bcher-kva.example/"),
     ("http://BÜCHER.example/", "http://xn--bcher-kva.example/"),
     # IP literals
     ("http://127.0.0.1:80/", "http://127.0.0.1/"),
     ("http://[::1]:8080/x", "http://[::1]:8080/x"),
+    ("http://[0:0::1]/", "http://[::1]/"),
+    ("http://user:pw@Example.COM:80/", "http://user:pw@example.com/"),
 ])
 def test_canonical_forms(url: str, canonical: str) -> None:
     assert canonicalize(url) == canonical
@@ -75,6 +83,7 @@ def test_relative_links_resolve_against_the_base(url: str, canonical: str) -> No
     ("../../", "http://a/"), ("../../g", "http://a/g"), ("../../../g", "http://a/g"), ("/./g", "http://a/g"),
     ("/../g", "http://a/g"), ("g.", "http://a/b/c/g."), ("..g", "http://a/b/c/..g"), ("./g/.", "http://a/b/c/g/"),
     ("g/./h", "http://a/b/c/g/h"), ("g/../h", "http://a/b/c/h"), ("g?y/./x", "http://a/b/c/g?y/./x"),
+    ("?", "http://a/b/c/d;p"),  # an empty query, then dropped (urljoin would keep ?q)
 ])
 def test_relative_resolution_follows_rfc_3986(url: str, canonical: str) -> None:
     assert canonicalize(url, "http://a/b/c/d;p?q") == canonical
@@ -85,6 +94,8 @@ def test_relative_resolution_follows_rfc_3986(url: str, canonical: str) -> None:
     "tel:123", "file:///etc/passwd", "http://", "https:///path", "http:example.com", "/relative", "",
     "http://exa mple.com/", "http://example.com/a b", "http://example.com/a\tb", "http://example.com/\x00",
     "http://example.com:99999/", "http://example.com:port/", "http://[::1/", "http://" + "ü" * 64 + ".example/",
+    "http://exa%20mple.com/", "http://exa<mple.com/", "http://a..b/", "http://example.com/x\u00a0y",
+    "http://example.com/\ud800",
 ])
 def test_odd_schemes_and_broken_urls_are_refused(url: str) -> None:
     with pytest.raises(BadUrl):
@@ -96,6 +107,8 @@ def test_a_relative_link_needs_a_base() -> None:
         canonicalize("page.html")
     with pytest.raises(BadUrl):
         canonicalize("page.html", "mailto:a@b.c")
+    with pytest.raises(BadUrl):
+        canonicalize("a\tb.html", "http://example.com/")  # urljoin would drop the tab
 
 
 @pytest.mark.parametrize(("host", "domain"), [
