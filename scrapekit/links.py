@@ -16,7 +16,7 @@ import tldextract
 from lxml import etree
 
 from .model import BadUrl, Request, Response, canonical_url
-from .parsers import html_root
+from .parsers import compile_expression, html_root
 
 canonicalize = canonical_url
 """One canonical form for every URL: the same function that makes request keys."""
@@ -61,17 +61,12 @@ class LinkExtractor:
 
     def __init__(self, links: str = "//a/@href") -> None:
         """Raises ValueError naming the expression when it does not compile or evaluate."""
-        css = links.startswith("css:")
+        self._select = compile_expression(links, "links")
         try:
-            if css:
-                from lxml.cssselect import CSSSelector
-
-                self._select: etree.XPath = CSSSelector(links[4:].strip())
-            else:
-                self._select = etree.XPath(links)
             self._select(lxml.html.document_fromstring(_SAMPLE_PAGE))
-        except (etree.XPathError, ImportError, ValueError, SyntaxError) as exc:
-            raise ValueError(f"links: bad {'CSS' if css else 'XPath'} {links!r}: {exc}") from None
+        except (etree.XPathError, ValueError) as exc:
+            kind = "CSS" if links.startswith("css:") else "XPath"
+            raise ValueError(f"links: bad {kind} {links!r}: {exc}") from None
 
     def extract(self, response: Response) -> list[str]:
         """The page's links as canonical absolute URLs, each once, in document order.

@@ -25,14 +25,16 @@ class Parser(Protocol):
     def parse(self, response: Response) -> Parsed: ...
 
 
-def _compile(expression: str, where: str) -> etree.XPath:
+def compile_expression(expression: str, where: str) -> etree.XPath:
+    """An XPath, or a CSS selector when ``expression`` starts with ``css:``; ValueError naming
+    ``where`` and the expression when it does not compile."""
     try:
         if expression.startswith("css:"):
             from lxml.cssselect import CSSSelector
 
             return CSSSelector(expression[4:].strip())
         return etree.XPath(expression)
-    except (etree.XPathSyntaxError, ImportError, ValueError, SyntaxError) as exc:
+    except (etree.XPathError, ImportError, ValueError, SyntaxError) as exc:
         raise ValueError(f"{where}: bad {'CSS' if expression.startswith('css:') else 'XPath'} {expression!r}: {exc}") from None
 
 
@@ -103,11 +105,11 @@ class HtmlParser:
         unknown = set(spec) - {"each", "fields"}
         if unknown:
             raise ValueError(f"items: unknown key {sorted(unknown)[0]!r}; known: each, fields")
-        self._each = _compile(str(spec.get("each", "/html")), "items.each")
+        self._each = compile_expression(str(spec.get("each", "/html")), "items.each")
         fields = spec.get("fields") or {}
         if not isinstance(fields, dict):
             raise ValueError("items.fields: expected a mapping of name: expression")
-        self._fields = {name: _compile(str(expr), f"items.fields.{name}") for name, expr in fields.items()}
+        self._fields = {name: compile_expression(str(expr), f"items.fields.{name}") for name, expr in fields.items()}
 
     def parse(self, response: Response) -> Parsed:
         root = html_root(response)
