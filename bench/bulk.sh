@@ -38,6 +38,7 @@ cat > "$WORK/bulk.yaml" <<YAML
 name: bulk
 work_dir: $WORK/sk
 source: {type: flat_file, path: $URLS}
+politeness: {allow_private: true, robots: false, per_domain: $C}
 fetch: {type: http, concurrency: $C, timeout: 30s, max_bytes: 200KB}
 store: {type: chunked_tsv}
 log: {progress_interval: 1d, progress_every: 1000000}

@@ -31,6 +31,7 @@ cat > "$WORK/crawl.yaml" <<YAML
 name: crawl
 work_dir: $WORK/sk
 source: {type: flat_file, path: $WORK/start.txt}
+politeness: {allow_private: true, robots: false, per_domain: $C}
 fetch: {concurrency: $C, timeout: 30s}
 follow: {links: "//a/@href", allow: ['/page/\\d+\$']}
 parse: {type: html, items: {each: /html, fields: {title: //title/text()}}}

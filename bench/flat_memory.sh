@@ -34,6 +34,7 @@ for n in ${SIZES:-10000 $LINES}; do
 name: flat
 work_dir: $WORK/sk-$n
 source: {type: flat_file, path: $WORK/urls-$n.txt}
+politeness: {allow_private: true, robots: false, per_domain: 0}
 fetch: {concurrency: 32}
 store: {type: chunked_tsv}
 limits: {max_seconds: ${SECONDS_}s}

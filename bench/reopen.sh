@@ -27,6 +27,7 @@ cat > "$WORK/reopen.yaml" <<YAML
 name: reopen
 work_dir: $WORK/sk
 source: {type: flat_file, path: $WORK/empty.txt}
+politeness: {allow_private: true, robots: false, per_domain: 0}
 store: {type: chunked_tsv}
 YAML
 SK="$ROOT/.venv/bin/scrapekit"

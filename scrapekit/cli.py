@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import click
 
 from . import __version__, control, logs
-from .errors import AlreadyRunning, RecipeError, ScrapekitError
+from .errors import CIRCUIT_BREAKER_EXIT, AlreadyRunning, RecipeError, ScrapekitError
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .runner import Runner, build
 from .state import RunLock, StateDB, running_pid
@@ -135,6 +135,8 @@ def run(recipe: str, detach: bool, max_requests: int | None, no_console: bool) -
         logs.unconfigure(handlers)
     if not no_console:
         click.echo(f"stopped: {reason}\n  output: {r.run_dir / 'out'}\n  logs:   {logs.log_dir(r.run_dir)}", err=True)
+    if reason == "circuit_breaker":
+        sys.exit(CIRCUIT_BREAKER_EXIT)
 
 
 def _detach(r: Recipe, recipe: str, max_requests: int | None) -> None:

@@ -9,12 +9,16 @@
     └── PartError                  a part or plugin could not be built or loaded
 
 Anticipated failures of a fetch (timeouts, bad status, too large) are not exceptions: they are
-data on the Response (see scrapekit.model).
+data on the Response (see scrapekit.model). A run that the circuit breaker stops (unanticipated
+errors coming faster than ``limits.part_errors``) is not an exception either: it ends with stop
+reason ``circuit_breaker`` and the command exits with CIRCUIT_BREAKER_EXIT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+CIRCUIT_BREAKER_EXIT = 3
 
 
 class ScrapekitError(Exception):

@@ -50,6 +50,19 @@ _PATH_PARAM = re.compile(r";([^/;=]*)=([^/;]*)")
 _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
 
 
+_USERINFO = re.compile(r"(?<=://)[^/?#@\s]*@")
+_MAX_LOGGED = 300
+
+
+def loggable(text: str) -> str:
+    """``text`` (a URL, or a message holding URLs) fit for a log line: credentials in URLs
+    masked, control and other invisible characters escaped, at most 300 characters."""
+    text = _USERINFO.sub("***@", text)
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= _MAX_LOGGED else text[:_MAX_LOGGED] + "..."
+
+
 def canonical_url(url: str, base: str | None = None) -> str:
     """``url``, resolved against ``base`` when relative, in the one form scrapekit keys it by.
 

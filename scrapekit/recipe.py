@@ -21,15 +21,18 @@ from .errors import PartError, RecipeError, RecipeErrors
 from .registry import resolve
 from .units import Bytes, Seconds, parse_duration, parse_size
 
-INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "work_dir", "concurrency", "window"})
+INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "work_dir", "concurrency", "window",
+                      "allow_private"})
 """Constructor parameters the runner passes itself; a recipe cannot set them (but for
-``concurrency``, a ``fetch`` key, and ``window``, a ``source`` key)."""
+``concurrency``, a ``fetch`` key, ``window``, a ``source`` key, and ``allow_private``, a
+``politeness`` key)."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _MAX_NODES = 100_000
 _PLAIN_TAGS = frozenset({"2002:map", "2002:seq", "2002:str", "2002:int", "2002:float", "2002:bool", "2002:null"})
 _NOT_YET = ("paginate", "reschedule")
-_POLITENESS_NOT_YET = ("delay", "per_domain", "bandwidth", "allow_private")
+_POLITENESS_KEYS = ["robots", "robots_expiry", "delay", "max_delay", "per_domain", "breaker_failures",
+                    "breaker_pause", "bandwidth", "allow_private"]
 DEFAULT_BACKOFF: dict[str, float] = {
     "timeout": 2.0, "refused": 5.0, "broken_body": 2.0, "robots_unavailable": 3600.0,
     "400": 5.0, "403": 4.0, "429": 30.0, "503": 2.0, "5xx": 2.0,
@@ -148,6 +151,16 @@ class Recipe:
     progress_interval: float = 30.0
     robots: bool = False
     robots_expiry: float = 86_400.0
+    polite: bool = False  # a politeness section: requests pass the per-domain gate
+    delay: float = 0.0
+    max_delay: float = 3600.0
+    per_domain: int = 8
+    breaker_failures: int = 10
+    breaker_pause: float = 600.0
+    bandwidth_daily: int = 0
+    bandwidth_monthly: int = 0
+    allow_private: bool = False
+    part_errors: tuple[int, float] = (10, 60.0)
 
     @property
     def run_dir(self) -> Path:
@@ -404,21 +417,15 @@ def load_recipe(path: str | Path) -> Recipe:
     if "backoff" in fetch_keys:
         settings["backoff"] = _backoff(check, fetch_keys["backoff"])
     if "limits" in given:
-        limits = check.keys(given["limits"], "limits", ["max_requests", "max_seconds"])
+        limits = check.keys(given["limits"], "limits", ["max_requests", "max_seconds", "part_errors"])
         if "max_requests" in limits:
             settings["max_requests"] = check.convert(limits["max_requests"], "limits.max_requests", int, base)
         if "max_seconds" in limits:
             settings["max_seconds"] = check.convert(limits["max_seconds"], "limits.max_seconds", Seconds, base)
+        if "part_errors" in limits:
+            settings["part_errors"] = _rate(check, limits["part_errors"], "limits.part_errors")
     if "politeness" in given:
-        polite = check.keys(given["politeness"], "politeness", ["robots", "robots_expiry", *_POLITENESS_NOT_YET])
-        settings["robots"] = True  # a politeness section obeys robots.txt unless it says otherwise
-        if "robots" in polite:
-            settings["robots"] = check.convert(polite["robots"], "politeness.robots", bool, base)
-        if "robots_expiry" in polite:
-            settings["robots_expiry"] = check.convert(polite["robots_expiry"], "politeness.robots_expiry", Seconds, base)
-        for key in _POLITENESS_NOT_YET:
-            if key in polite:
-                check.error(polite[key].line, f"politeness.{key}", "not available in this version of scrapekit yet")
+        settings.update(_politeness(check, given["politeness"], base))
     if "log" in given:
         logs = check.keys(given["log"], "log", ["progress_every", "progress_interval"])
         if "progress_every" in logs:
@@ -433,14 +440,48 @@ def load_recipe(path: str | Path) -> Recipe:
                   parse=parse, stores=tuple(stores), follow=follow, **settings)
 
 
+def _politeness(check: _Checker, node: Node, base: Path) -> dict[str, Any]:
+    polite = check.keys(node, "politeness", _POLITENESS_KEYS)
+    # A politeness section obeys robots.txt and passes the per-domain gate unless it says otherwise.
+    settings: dict[str, Any] = {"polite": True, "robots": True}
+    for key, kind in (("robots", bool), ("robots_expiry", Seconds), ("delay", Seconds), ("max_delay", Seconds),
+                      ("per_domain", int), ("breaker_failures", int), ("breaker_pause", Seconds),
+                      ("allow_private", bool)):
+        if key in polite:
+            value = settings[key] = check.convert(polite[key], f"politeness.{key}", kind, base)
+            if kind is int and isinstance(value, int) and value < 0:
+                check.error(polite[key].line, f"politeness.{key}", "expected 0 (no limit) or more")
+    if "bandwidth" in polite:
+        limits = check.keys(polite["bandwidth"], "politeness.bandwidth", ["daily", "monthly"])
+        for period in ("daily", "monthly"):
+            if period in limits:
+                settings[f"bandwidth_{period}"] = check.convert(limits[period], f"politeness.bandwidth.{period}", Bytes, base)
+    return settings
+
+
+def _rate(check: _Checker, node: Node, key: str) -> tuple[int, float]:
+    """``10/1m``: at most 10 in any minute; ``0`` for no limit."""
+    text = str(node.value).strip()
+    count, _, per = text.partition("/")
+    try:
+        if text == "0":
+            return (0, 0.0)
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError
+        return (int(count), parse_duration(per))
+    except ValueError:
+        check.error(node.line, key, f"expected a count per duration like 10/1m, or 0 for no limit, got {text!r}")
+        return (0, 0.0)
+
+
 def _backoff(check: _Checker, node: Node) -> Mapping[str, float]:
     table = dict(DEFAULT_BACKOFF)
     if not isinstance(node.value, dict):
         check.error(node.line, "fetch.backoff", "expected a mapping like {503: 2s, 5xx: 2s, timeout: 5s}")
         return types.MappingProxyType(table)
     for key, child in node.value.items():
-        if not re.fullmatch(r"[1-5]\d\d|[1-5]xx|timeout|refused|broken_body|dns|robots_unavailable", str(key)):
-            check.error(child.line, f"fetch.backoff.{key}", "expected an HTTP status (503), a class (5xx) or an error kind (timeout, refused, broken_body, dns)")
+        if not re.fullmatch(r"[1-5]\d\d|[1-5]xx|timeout|refused|broken_body|dns|robots_unavailable|proxy_error", str(key)):
+            check.error(child.line, f"fetch.backoff.{key}", "expected an HTTP status (503), a class (5xx) or an error kind (timeout, refused, broken_body, dns, proxy_error)")
             continue
         try:
             table[str(key)] = parse_duration(child.value)

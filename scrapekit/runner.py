@@ -17,7 +17,7 @@ import queue as stdqueue
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 from contextlib import ExitStack
@@ -34,8 +34,9 @@ from .logs import CONSOLE
 from .model import Item, Job, Request, Response
 from .parsers import Parser
 from .policy import Decision, decide
+from .politeness import Gate
 from .recipe import PartSpec, Recipe
-from .robots import RobotsCache
+from .robots import RobotsCache, Verdict
 from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
 from .stats import Stats, write_json_atomic
@@ -78,7 +79,8 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
     queue = build(recipe.queue, recipe, state=state, clock=clock, name=recipe.name)
     stack.callback(queue.close)
     source = build(recipe.source, recipe, clock=clock)
-    fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock)
+    fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock,
+                    allow_private=recipe.allow_private)
     stack.callback(fetcher.close)
     parser = build(recipe.parse, recipe) if recipe.parse else None
     follow = build(recipe.follow, recipe) if recipe.follow else None
@@ -117,6 +119,7 @@ class Outcome:
     links: list[Request]
     rejected: Counter[str] = field(default_factory=Counter)
     digest: str = ""  # of the body, for content dedupe when following links
+    crawl_delay: float | None = None  # asked by the host's robots.txt
 
 
 class Runner:
@@ -149,6 +152,9 @@ class Runner:
         self._source_exhausted = False
         self._next_feed = 0.0
         self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
+        self._part_errors: deque[float] = deque()
+        self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
+                         recipe.breaker_pause, hold=2 * recipe.concurrency) if recipe.polite else None
 
     @property
     def _in_flight(self) -> int:
@@ -297,11 +303,39 @@ class Runner:
         limit = 2 * self.recipe.concurrency
         if self.max_requests:
             limit = min(limit, self.max_requests - self.stats.finished())
+        if self.gate is not None:
+            self._dispatch_gated(parts, self.gate, limit)
+            return
         while self._in_flight < limit:
             job = parts.queue.reserve()
             if job is None:
                 return
             self._flying[job.id] = (job, self.monotonic())
+            self._work.put(job)
+
+    def _dispatch_gated(self, parts: Parts, gate: Gate, limit: int) -> None:
+        """Start the held jobs whose domain is free, then reserve more: the gate holds a few per
+        domain and the rest go back to the queue, delayed until about when their domain is free."""
+        now = self.monotonic()
+        self._start_ready(gate, now, limit)
+        put_back: list[tuple[Job, float]] = []
+        hold_limit = max(limit, 8 * self.recipe.concurrency)
+        while self._in_flight - gate.held() < limit and gate.held() < hold_limit and len(put_back) < 4 * limit:
+            job = parts.queue.reserve()
+            if job is None:
+                break
+            if gate.offer(job, now):
+                self._flying[job.id] = (job, now)
+            else:
+                put_back.append((job, gate.put_back_delay))
+        if put_back:
+            with parts.queue.transaction() as tx:
+                for job, delay in put_back:
+                    tx.retry(job, delay)
+        self._start_ready(gate, now, limit)
+
+    def _start_ready(self, gate: Gate, now: float, limit: int) -> None:
+        for job in gate.ready(now, limit - (self._in_flight - gate.held())):
             self._work.put(job)
 
     def _withdraw(self) -> None:
@@ -312,6 +346,9 @@ class Runner:
             except stdqueue.Empty:
                 return
             if job is not None:
+                self._flying.pop(job.id, None)
+        if self.gate is not None:
+            for job in self.gate.withdraw():
                 self._flying.pop(job.id, None)
 
     def _collect(self, idle: bool) -> list[Outcome]:
@@ -325,8 +362,11 @@ class Runner:
                 outcomes.append(self._done.get_nowait())
             except stdqueue.Empty:
                 break
+        now = self.monotonic()
         for outcome in outcomes:
             self._flying.pop(outcome.job.id, None)
+            if self.gate is not None:
+                self.gate.finished(outcome.job, outcome.response, now, outcome.crawl_delay)
         return outcomes
 
     def _touch(self, parts: Parts) -> None:
@@ -349,28 +389,25 @@ class Runner:
     def _process(self, parts: Parts, job: Job) -> Outcome:
         request = job.request
         try:
-            refusal = self._robots_refusal(parts, request)
+            verdict = parts.robots.check(request.url) if parts.robots is not None else None
+            crawl_delay = None if verdict is None else verdict.crawl_delay
+            refusal = None if verdict is None or verdict.allowed else self._robots_refusal(request, verdict)
             response = refusal or parts.fetcher.fetch(request)
             if response.error is not None:
-                return Outcome(job, response, [], [])
+                return Outcome(job, response, [], [], crawl_delay=crawl_delay)
             items, links = parts.parser.parse(response) if parts.parser is not None else ([], [])
             if parts.follow is None:
-                return Outcome(job, response, items, links)
+                return Outcome(job, response, items, links, crawl_delay=crawl_delay)
             found = parts.follow.follow_ups(response)
             digest = hashlib.sha1(response.body).hexdigest()
-            return Outcome(job, response, items, links + found.requests, found.rejected, digest)
+            return Outcome(job, response, items, links + found.requests, found.rejected, digest, crawl_delay)
         except Exception as exc:  # the part boundary: a bug in a part must not stop the run
             log.critical("part failed on %r: %s: %s", request.url, type(exc).__name__, exc, exc_info=True)
             response = Response(request, 0, "part_error", fetched_at=self.clock(), error="part_error")
             return Outcome(job, response, [], [])
 
-    def _robots_refusal(self, parts: Parts, request: Request) -> Response | None:
-        """A response standing for a fetch robots.txt does not allow (None when it does)."""
-        if parts.robots is None:
-            return None
-        verdict = parts.robots.check(request.url)
-        if verdict.allowed:
-            return None
+    def _robots_refusal(self, request: Request, verdict: Verdict) -> Response:
+        """A response standing for a fetch robots.txt does not allow."""
         now = self.clock()
         wait = None if verdict.retry_at is None else max(0.0, verdict.retry_at - now)
         kind = "robots_unavailable" if verdict.reason == "robots_unavailable" else "robots_disallowed"
@@ -419,6 +456,8 @@ class Runner:
                 if decision.action == "bury":
                     tx.bury(job, response.error or "")
                     stats.count("buried")
+                    if response.error == "part_error":
+                        self._part_failed()
                 else:
                     tx.ack(job)
                     self._queue_links(parts, tx, outcome)
@@ -438,6 +477,22 @@ class Runner:
         for _, store in parts.stores:
             if isinstance(store, Checkpointed):
                 store.committed()
+
+    def _part_failed(self) -> None:
+        """Count an unanticipated error; too many too fast stop the run (a broken part, not a
+        broken page): stop reason ``circuit_breaker``, exit code 3."""
+        most, per = self.recipe.part_errors
+        if not most:
+            return
+        now = self.monotonic()
+        errors = self._part_errors
+        errors.append(now)
+        while errors and errors[0] <= now - per:
+            errors.popleft()
+        if len(errors) >= most and self.stop_reason is None:
+            self.stop_reason = "circuit_breaker"
+            log.critical("stopping: %d unanticipated errors in %.0fs (limits.part_errors is %d/%.0fs); "
+                         "tracebacks are in critical.log", len(errors), per, most, per, extra=CONSOLE)
 
     def _answer_commands(self, parts: Parts) -> None:
         """Dump, load and kick asked for by other processes (see scrapekit.control)."""

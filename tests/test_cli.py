@@ -36,7 +36,7 @@ def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
 def recipe(tmp_path: Path, urls: list[str], extra: str = "") -> Path:
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     path = tmp_path / "r.yaml"
-    path.write_text(f"name: t\nsource: {{type: flat_file, path: urls.txt}}\n{extra}")
+    path.write_text(f"name: t\nsource: {{type: flat_file, path: urls.txt}}\n{extra}politeness: {{allow_private: true, robots: false}}\n")
     return path
 
 
@@ -103,7 +103,7 @@ def test_sigterm_stops_cleanly_and_seals_chunks(tmp_path: Path, site) -> None:
     assert not list((tmp_path / "work" / "t" / "out").glob("*/*.part"))
     done = len(sealed_rows(tmp_path))
     status = json.loads(scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
-    assert status["done"] == done and status["queued"] == 400 - done and not status["running"]
+    assert status["done"] == done and status["queued"] + status["delayed"] == 400 - done and not status["running"]
 
 
 def test_second_run_at_once_says_already_running(tmp_path: Path, site) -> None:

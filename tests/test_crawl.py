@@ -14,7 +14,7 @@ from scrapekit.stores.chunked import read_tsv
 def crawl(tmp_path: Path, start: list[str], follow: str, extra: str = "") -> list:
     (tmp_path / "start.txt").write_text("\n".join(start) + "\n")
     path = tmp_path / "r.yaml"
-    path.write_text(f"name: c\nwork_dir: work\nsource: {{type: flat_file, path: start.txt}}\n"
+    path.write_text(f"name: c\nwork_dir: work\nsource: {{type: flat_file, path: start.txt}}\npoliteness: {{allow_private: true, robots: false}}\n"
                     f"fetch: {{concurrency: 8}}\nfollow: {follow}\n{extra}")
     assert Runner(load_recipe(path)).run() == "done"
     out = tmp_path / "work" / "c" / "out"
@@ -66,7 +66,7 @@ def test_robots_txt_is_obeyed_and_fetched_once(tmp_path: Path) -> None:
         urls = [f"{server.url}{p}" for p in ("/public/1", "/private/a", "/public/2", "/private/b")]
         (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
         path = tmp_path / "r.yaml"
-        path.write_text("name: c\nwork_dir: work\nsource: {type: flat_file, path: urls.txt}\npoliteness: {robots: true}\n")
+        path.write_text("name: c\nwork_dir: work\nsource: {type: flat_file, path: urls.txt}\npoliteness: {robots: true, allow_private: true}\n")
         assert Runner(load_recipe(path)).run() == "done"
         rows = {r.url.removeprefix(server.url): (r.status, r.reason) for chunk in
                 (tmp_path / "work" / "c" / "out").glob("*/*.tsv") for r in read_tsv(chunk)}

@@ -24,7 +24,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 def write_recipe(tmp_path: Path, urls: list[str], queue: str = "") -> Path:
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     path = tmp_path / "r.yaml"
-    path.write_text("name: t\nsource: {type: flat_file, path: urls.txt, window: 300}\n"
+    path.write_text("name: t\nsource: {type: flat_file, path: urls.txt, window: 300}\npoliteness: {allow_private: true, robots: false}\n"
                     f"{queue}fetch: {{concurrency: 8}}\nstore: {{type: chunked_tsv, size: 50KB}}\n")
     return path
 

@@ -34,7 +34,7 @@ CAP = 100_000
 
 @pytest.fixture
 def fetcher(clock: FakeClock) -> Iterator[HttpFetcher]:
-    with HttpFetcher(concurrency=4, timeout=Seconds(2.0), max_bytes=Bytes(CAP), clock=clock) as f:
+    with HttpFetcher(allow_private=True, concurrency=4, timeout=Seconds(2.0), max_bytes=Bytes(CAP), clock=clock) as f:
         yield f
 
 
@@ -47,7 +47,7 @@ def test_a_page_with_status_headers_and_body(site: DemoSite, fetcher: HttpFetche
 
 
 def test_user_agent_and_headers_reach_the_server(site: DemoSite) -> None:
-    with HttpFetcher(user_agent="sk-test/1", headers={"X-Trace": "abc"}) as fetcher:
+    with HttpFetcher(allow_private=True, user_agent="sk-test/1", headers={"X-Trace": "abc"}) as fetcher:
         sent = json.loads(fetcher.fetch(Request(f"{site.url}/echo-headers")).body)
     assert sent["User-Agent"] == "sk-test/1" and sent["X-Trace"] == "abc"
 
@@ -105,7 +105,7 @@ def test_a_redirect_is_followed_to_its_final_url(site: DemoSite, fetcher: HttpFe
 
 
 def test_a_redirect_loop_stops_at_max_redirects(site: DemoSite) -> None:
-    with HttpFetcher(max_redirects=3) as fetcher:
+    with HttpFetcher(allow_private=True, max_redirects=3) as fetcher:
         r = fetcher.fetch(Request(f"{site.url}/redirect-loop/0"))
     assert (r.status, r.error) == (302, "too_many_redirects")
     assert sum(n for path, n in site.hits.items() if path.startswith("/redirect-loop/")) == 4
@@ -132,13 +132,13 @@ def test_retry_after_values(value: str | None, seconds: float | None) -> None:
 
 
 def test_timeout(site: DemoSite) -> None:
-    with HttpFetcher(timeout=Seconds(0.2)) as fetcher:
+    with HttpFetcher(allow_private=True, timeout=Seconds(0.2)) as fetcher:
         r = fetcher.fetch(Request(f"{site.url}/slow?seconds=2"))
     assert (r.status, r.error) == (0, "timeout") and "\n" not in r.reason and r.elapsed < 2
 
 
 def test_refused_connection() -> None:
-    with socket.socket() as s, HttpFetcher(timeout=Seconds(2.0)) as fetcher:
+    with socket.socket() as s, HttpFetcher(allow_private=True, timeout=Seconds(2.0)) as fetcher:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
         r = fetcher.fetch(Request(f"http://127.0.0.1:{port}/"))
@@ -146,7 +146,7 @@ def test_refused_connection() -> None:
 
 
 def test_a_body_cut_short_by_the_server_is_broken_body() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server, HttpFetcher(timeout=Seconds(2.0)) as fetcher:
+    with socket.create_server(("127.0.0.1", 0)) as server, HttpFetcher(allow_private=True, timeout=Seconds(2.0)) as fetcher:
         def lie_about_the_length() -> None:
             conn, _ = server.accept()
             with conn:
@@ -174,7 +174,7 @@ def test_wrong_charset_body_is_kept_as_raw_bytes(site: DemoSite, fetcher: HttpFe
 
 
 def test_head_keeps_location_and_counts_3xx_as_success(site: DemoSite) -> None:
-    with HeadFetcher() as fetcher:
+    with HeadFetcher(allow_private=True) as fetcher:
         r = fetcher.fetch(Request(f"{site.url}/head-redirect", kind="head"))
     assert (r.status, r.error, r.body) == (301, None, b"")
     assert r.headers["location"].endswith("/page/1")
@@ -182,7 +182,7 @@ def test_head_keeps_location_and_counts_3xx_as_success(site: DemoSite) -> None:
 
 
 def test_head_errors_and_successes(site: DemoSite) -> None:
-    with HeadFetcher() as fetcher:
+    with HeadFetcher(allow_private=True) as fetcher:
         ok = fetcher.fetch(Request(f"{site.url}/page/1"))
         missing = fetcher.fetch(Request(f"{site.url}/status/404"))
     assert (ok.status, ok.error, ok.body, int(ok.headers["content-length"]) > 0) == (200, None, b"", True)

@@ -43,7 +43,7 @@ def sitemap(urls: list[str], extra: str = "") -> str:
 def test_sitemap_source_and_sqlite_store_by_short_name(installed: Path, tmp_path: Path, site) -> None:
     urls = [f"{site.url}/page/{n}" for n in range(5)] + [f"{site.url}/status/404"]
     (tmp_path / "sitemap.xml").write_text(sitemap(urls))
-    (tmp_path / "r.yaml").write_text("name: sm\nsource: {type: sitemap, path: sitemap.xml}\n"
+    (tmp_path / "r.yaml").write_text("name: sm\nsource: {type: sitemap, path: sitemap.xml}\npoliteness: {allow_private: true, robots: false}\n"
                                      "store: {type: sqlite, table: pages}\n")
     checked = scrapekit(installed, "check", "r.yaml", cwd=tmp_path)
     assert checked.returncode == 0 and "sitemap" in checked.stdout and "sqlite" in checked.stdout

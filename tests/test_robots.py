@@ -125,7 +125,7 @@ def state(tmp_path: Path) -> Iterator[StateDB]:
 
 @pytest.fixture
 def fetcher(clock: FakeClock) -> Iterator[HttpFetcher]:
-    with HttpFetcher(concurrency=16, timeout=Seconds(5.0), user_agent=UA, clock=clock) as f:
+    with HttpFetcher(allow_private=True, concurrency=16, timeout=Seconds(5.0), user_agent=UA, clock=clock) as f:
         yield f
 
 
@@ -303,7 +303,7 @@ def test_a_timeout_disallows_for_a_while(
     server: RobotsServer, state: StateDB, clock: FakeClock
 ) -> None:
     server.robots("User-agent: *\nDisallow:\n", delay=1.0)
-    with HttpFetcher(timeout=Seconds(0.2), user_agent=UA, clock=clock) as fetcher:
+    with HttpFetcher(allow_private=True, timeout=Seconds(0.2), user_agent=UA, clock=clock) as fetcher:
         robots = RobotsCache(state.db, fetcher.fetch, UA, error_wait=600.0, clock=clock)
         verdict = robots.check(f"{server.url}/page")
     assert verdict == Verdict(False, "robots_unavailable", retry_at=clock.now + 600.0)
@@ -329,7 +329,7 @@ def test_a_10mb_robots_is_cut_and_still_answers(
     head = b"User-agent: *\nDisallow: /private\n"
     filler = b"Disallow: /filler-path-that-goes-on-and-on\n"
     server.robots(head + filler * (10_000_000 // len(filler)))
-    with HttpFetcher(max_bytes=Bytes(20_000_000), user_agent=UA, clock=clock) as fetcher:
+    with HttpFetcher(allow_private=True, max_bytes=Bytes(20_000_000), user_agent=UA, clock=clock) as fetcher:
         robots = RobotsCache(state.db, fetcher.fetch, UA, max_bytes=500_000, clock=clock)
         assert not robots.check(f"{server.url}/private").allowed
         assert robots.check(f"{server.url}/public").allowed

@@ -19,7 +19,7 @@ PLUGINS = str(Path(__file__).parent / "plugins")
 def make_recipe(tmp_path: Path, urls: list[str], extra: str = "", seeds: str | None = None) -> Path:
     (tmp_path / "urls.txt").write_text(seeds if seeds is not None else "\n".join(urls) + "\n")
     path = tmp_path / "r.yaml"
-    path.write_text(f"name: t\nwork_dir: work\nsource: {{type: flat_file, path: urls.txt}}\n{extra}")
+    path.write_text(f"name: t\nwork_dir: work\nsource: {{type: flat_file, path: urls.txt}}\n{extra}politeness: {{allow_private: true, robots: false}}\n")
     return path
 
 
@@ -114,7 +114,7 @@ def test_plugins_by_entry_point_and_by_dotted_path(tmp_path: Path, site, monkeyp
     for source, store in (("range", "skplugins:ListStore"), ("skplugins:RangeSource", "list")):
         path = tmp_path / "r.yaml"
         path.write_text(f"name: t-{source.replace(':', '_')}\nwork_dir: work\n"
-                        f"source: {{type: '{source}', template: '{site.url}/page/{{n}}', stop: 5}}\n"
+                        f"source: {{type: '{source}', template: '{site.url}/page/{{n}}', stop: 5}}\npoliteness: {{allow_private: true, robots: false}}\n"
                         f"store: {{type: '{store}', label: x}}\n")
         recipe = load_recipe(path)
         assert Runner(recipe).run() == "done"

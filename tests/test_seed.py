@@ -112,7 +112,7 @@ def test_dump_and_load_through_the_cli_while_a_run_goes_on(tmp_path: Path, site)
     urls = [f"{site.url}/slow?seconds=0.02&n={n}" for n in range(200)]
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\nfetch: {concurrency: 2}\n")
+    recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\npoliteness: {allow_private: true, robots: false}\nfetch: {concurrency: 2}\n")
     run = subprocess.Popen([sys.executable, "-m", "scrapekit", "run", str(recipe), "--no-console"], cwd=tmp_path,
                            env=ENV, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
@@ -142,7 +142,7 @@ def test_kick_command_brings_buried_jobs_back(tmp_path: Path, site, monkeypatch:
     (tmp_path / "urls.txt").write_text(f"{site.url}/page/1?boom\n{site.url}/page/2?boom\n")
     recipe = tmp_path / "r.yaml"
     plugins = str(ROOT / "tests" / "plugins")
-    recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\nparse: {type: 'skplugins:BrokenParser'}\n")
+    recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\nparse: {type: 'skplugins:BrokenParser'}\npoliteness: {allow_private: true, robots: false}\n")
     env = {**ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{plugins}"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
