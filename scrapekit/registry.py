@@ -25,6 +25,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     "parsers": {
         "html": "scrapekit.parsers:HtmlParser",
         "raw": "scrapekit.parsers:RawParser",
+        "focus": "scrapekit.focus:FocusParser",
     },
     "strategies": {
         "follow_links": "scrapekit.crawl:FollowLinks",

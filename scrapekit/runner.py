@@ -420,6 +420,7 @@ class Runner:
         decisions = [decide(o.response, self.recipe.retries, self.recipe.backoff) for o in outcomes]
         outcomes = self._drop_duplicate_content(parts, outcomes, decisions)
         seen: set[str] = set()
+        unique_keys: set[str] = set()  # marked in the same batch as the acks
         for i, (outcome, decision) in enumerate(zip(outcomes, decisions)):
             key = outcome.job.request.key
             if key in seen or (decision.action != "retry" and parts.queue.is_done(key)):
@@ -429,9 +430,15 @@ class Runner:
             seen.add(key)
             if decision.action == "retry":
                 continue
-            for _, store in parts.stores:
+            for state_name, store in parts.stores:
                 if store.records == "pages":
                     store.write(outcome.response)
+                elif getattr(store, "unique", False):
+                    for item in outcome.items:
+                        mark = _unique_key(state_name, item.key)
+                        if mark not in unique_keys and parts.queue.get_state(mark) is None:
+                            unique_keys.add(mark)
+                            store.write(item)
                 else:
                     for item in outcome.items:
                         store.write(item)
@@ -473,6 +480,8 @@ class Runner:
                     stats.errors[response.error] += 1
             for state_name, checkpoint in checkpoints:
                 tx.set_state(state_name, checkpoint)
+            for mark in unique_keys:
+                tx.set_state(mark, {})
             tx.set_state("stats", stats.persistent())
         for _, store in parts.stores:
             if isinstance(store, Checkpointed):
@@ -563,6 +572,10 @@ class Runner:
             f"items {stats.totals['items']} | {stats.rate():.1f}/s | queue {counts['ready']} "
             f"delayed {counts['delayed']} in flight {self._in_flight}"
         )
+
+
+def _unique_key(state_name: str, key: str) -> str:
+    return f"u/{state_name}/{hashlib.sha1(key.encode()).hexdigest()}"
 
 
 def _content_key(outcome: Outcome) -> str:

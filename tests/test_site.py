@@ -13,10 +13,11 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
-from scrapekit.demo.site import BOOKS, CATALOGUE_PAGES, DemoSite, gzip_bomb
+from scrapekit.demo.site import BLOG_POSTS, BOOKS, CATALOGUE_PAGES, DemoSite, gzip_bomb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,3 +217,24 @@ def test_a_site_without_a_request_log_still_counts_hits() -> None:
     with DemoSite(log_requests=False) as site:
         get(site, "/page/1")
         assert site.hits["/page/1"] == 1 and site.requests_log == []
+
+
+def test_the_blog_links_its_posts_and_feeds_and_serves_rss_and_atom(site: DemoSite) -> None:
+    status, _, index = get(site, "/blog/")
+    assert status == 200 and b'type="application/atom+xml" title="Demo blog" href="/blog/atom.xml"' in index
+    posts = re.findall(rb'href="/blog/post/(\d+)"', index)
+    assert [int(n) for n in posts] == list(range(1, BLOG_POSTS + 1))
+    _, _, post = get(site, "/blog/post/3")
+    assert b'href="/blog/feed.xml"' in post and b"atom.xml" not in post
+    assert b'href="https://twitter.com/demoblog"' in post and b'href="https://twitter.com/intent/tweet?url=' in post
+    for path, root, content_type in (("/blog/feed.xml", "rss", "application/rss+xml"),
+                                     ("/blog/atom.xml", "{http://www.w3.org/2005/Atom}feed", "application/atom+xml")):
+        status, headers, body = get(site, path)
+        assert status == 200 and headers["content-type"].startswith(content_type)
+        assert ElementTree.fromstring(body).tag == root and body.count(b"<item>") + body.count(b"<entry>") == BLOG_POSTS
+
+
+@pytest.mark.parametrize("path", ["/blog/post/0", f"/blog/post/{BLOG_POSTS + 1}", "/blog/post/x", "/blog/page/1",
+                                  "/blog/rss.xml", "/blog/post/1/x"])
+def test_outside_the_blog_is_404(site: DemoSite, path: str) -> None:
+    assert get(site, path)[0] == 404

@@ -16,11 +16,12 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import IPv4Address, ip_address
 from types import FrameType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 CATALOGUE_PAGES = 50
 BOOKS_PER_PAGE = 20
@@ -187,6 +188,76 @@ def _numbered(call: _Call) -> _Reply:
     return _html(f"Page {n}", f"<p>{text}</p>\n<p>{links}</p>")
 
 
+# -- the blog (feeds and social accounts, for the focus parser) --------------------------------
+
+BLOG_POSTS = 5
+BLOG_SOCIAL = ("https://twitter.com/demoblog", "https://www.facebook.com/demoblog", "https://github.com/demoblog",
+               "https://www.linkedin.com/company/demoblog")
+"""The blog's accounts, linked from every blog page's footer next to share buttons that are not."""
+
+_RSS = {"Content-Type": "application/rss+xml; charset=utf-8"}
+_ATOM = {"Content-Type": "application/atom+xml; charset=utf-8"}
+
+
+def _origin(call: _Call) -> str:
+    """``http://host:port`` as the client addressed it (feeds and share links want absolute URLs)."""
+    host = next((value for name, value in call.headers.items() if name.lower() == "host"), "127.0.0.1")
+    return f"http://{host}"
+
+
+def _post_title(n: int) -> str:
+    return f"Notes on {_WORDS[n * 3 % len(_WORDS)].title()}"
+
+
+def _blog_page(call: _Call, title: str, path: str, body: str, atom: bool) -> _Reply:
+    feeds = '<link rel="alternate" type="application/rss+xml" title="Demo blog" href="/blog/feed.xml">'
+    if atom:
+        feeds += '<link rel="alternate" type="application/atom+xml" title="Demo blog" href="/blog/atom.xml">'
+    posts = "".join(f'<li><a href="/blog/post/{n}">{_post_title(n)}</a></li>' for n in range(1, BLOG_POSTS + 1))
+    accounts = " ".join(f'<a href="{url}">{urlsplit(url).hostname}</a>' for url in BLOG_SOCIAL)
+    page = quote(_origin(call) + path, safe="")
+    shares = (f'<a href="https://twitter.com/intent/tweet?url={page}">tweet this</a> '
+              f'<a href="https://www.facebook.com/sharer/sharer.php?u={page}">share this</a>')
+    html = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{title}</title>{feeds}</head>'
+            f'<body><h1>{title}</h1>\n{body}\n<nav><a href="/blog/">Demo blog</a><ul>{posts}</ul></nav>\n'
+            f"<footer><p>{accounts}</p><p>{shares}</p></footer>\n</body></html>\n")
+    return _reply(200, html.encode(), _HTML)
+
+
+def _blog_index(call: _Call) -> _Reply:
+    body = '<p>A small blog with feeds. <a href="/blog/feed.xml">Subscribe</a>.</p>'
+    return _blog_page(call, "Demo blog", "/blog/", body, atom=True)
+
+
+def _blog_post(call: _Call) -> _Reply:
+    n = _number(call.args[1]) if call.args[0] == "post" else None
+    if n is None or not 1 <= n <= BLOG_POSTS:
+        return _not_found()
+    text = " ".join(_WORDS[(n + i) % len(_WORDS)] for i in range(80))
+    return _blog_page(call, _post_title(n), f"/blog/post/{n}", f"<p>{text}</p>", atom=False)
+
+
+def _blog_feed(call: _Call) -> _Reply:
+    """``/blog/feed.xml`` (RSS 2.0) and ``/blog/atom.xml`` (Atom), listing every post."""
+    origin = escape(_origin(call))
+    posts = range(1, BLOG_POSTS + 1)
+    if call.args[0] == "feed.xml":
+        entries = "".join(f"<item><title>{_post_title(n)}</title><link>{origin}/blog/post/{n}</link></item>"
+                          for n in posts)
+        xml = (f'<?xml version="1.0" encoding="utf-8"?>\n<rss version="2.0"><channel><title>Demo blog</title>'
+               f"<link>{origin}/blog/</link><description>The demo blog</description>{entries}</channel></rss>\n")
+        return _reply(200, xml.encode(), _RSS)
+    if call.args[0] == "atom.xml":
+        entries = "".join(f'<entry><title>{_post_title(n)}</title><id>{origin}/blog/post/{n}</id>'
+                          f'<link href="{origin}/blog/post/{n}"/><updated>2024-01-{n:02d}T00:00:00Z</updated></entry>'
+                          for n in posts)
+        xml = (f'<?xml version="1.0" encoding="utf-8"?>\n<feed xmlns="http://www.w3.org/2005/Atom">'
+               f"<title>Demo blog</title><id>{origin}/blog/</id><updated>2024-01-05T00:00:00Z</updated>"
+               f'<link href="{origin}/blog/"/>{entries}</feed>\n')
+        return _reply(200, xml.encode(), _ATOM)
+    return _not_found()
+
+
 # -- hostile and test routes -------------------------------------------------------------------
 
 
@@ -255,6 +326,9 @@ ROUTES: dict[tuple[str, int], Route] = {
     ("book", 1): _book,
     ("robots.txt", 0): _robots,
     ("page", 1): _numbered,
+    ("blog", 0): _blog_index,
+    ("blog", 1): _blog_feed,
+    ("blog", 2): _blog_post,
     ("slow", 0): _slow,
     ("huge", 0): _huge,
     ("gzip-bomb", 0): _bomb_route,

@@ -413,13 +413,16 @@ class JsonlStore(_ChunkedStore):
 
     An Item gives its fields plus ``_url``, ``_key`` and ``_scraped_at``; a page record gives
     ``_url``, ``_key``, ``_scraped_at``, kind, status, reason, meta and length (no body). A value
-    JSON cannot encode is written as its ``str``.
+    JSON cannot encode is written as its ``str``. With ``unique`` the runner hands over only
+    items whose key this store never took before (the keys are kept in the recipe's state and
+    marked in the batch that acks their job).
     """
 
     def __init__(self, out_dir: Path, name: str, records: Literal["pages", "items"] = "items",
-                 rotate: Seconds = _FOUR_HOURS, size: Bytes = _256MB,
+                 rotate: Seconds = _FOUR_HOURS, size: Bytes = _256MB, unique: bool = False,
                  clock: Callable[[], float] = time.time, on_open: OnOpen | None = None) -> None:
         super().__init__(_ChunkWriter(out_dir, name, "jsonl", rotate, size, clock, on_open), records)
+        self.unique = unique
 
     def write(self, record: Response | Item) -> None:
         """Add one line; StoreError if it cannot be written."""
