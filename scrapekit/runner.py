@@ -31,7 +31,7 @@ from .crawl import Strategy
 from .fetchers import Fetcher
 from .links import registered_domain
 from .logs import CONSOLE
-from .model import Item, Job, Request, Response
+from .model import Item, Job, Request, Response, loggable
 from .parsers import Parser
 from .policy import Decision, decide
 from .politeness import Gate
@@ -402,7 +402,7 @@ class Runner:
             digest = hashlib.sha1(response.body).hexdigest()
             return Outcome(job, response, items, links + found.requests, found.rejected, digest, crawl_delay)
         except Exception as exc:  # the part boundary: a bug in a part must not stop the run
-            log.critical("part failed on %r: %s: %s", request.url, type(exc).__name__, exc, exc_info=True)
+            log.critical("part failed on %s: %s: %s", loggable(request.url), type(exc).__name__, exc, exc_info=True)
             response = Response(request, 0, "part_error", fetched_at=self.clock(), error="part_error")
             return Outcome(job, response, [], [])
 
@@ -455,8 +455,8 @@ class Runner:
                     tx.ack(job)
                     continue
                 if decision.action == "retry":
-                    log.info("retry in %.1fs (attempt %d): %r %s %s", decision.delay, job.request.attempt + 1,
-                             job.request.url, response.status, response.error)
+                    log.info("retry in %.1fs (attempt %d): %s %s %s", decision.delay, job.request.attempt + 1,
+                             loggable(job.request.url), response.status, response.error)
                     tx.retry(job, decision.delay, dataclasses.replace(job.request, attempt=job.request.attempt + 1))
                     stats.count("retries")
                     continue
@@ -472,7 +472,7 @@ class Runner:
                         tx.set_state(_content_key(outcome), {"key": job.request.key})
                     stats.count("done" if response.error is None else "failed")
                     if response.error is not None:
-                        log.info("failed: %r %s %s", job.request.url, response.status, response.error)
+                        log.info("failed: %s %s %s", loggable(job.request.url), response.status, response.error)
                 stats.count("items", len(outcome.items))
                 stats.count("bytes", len(response.body))
                 stats.statuses[str(response.status)] += 1

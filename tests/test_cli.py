@@ -211,3 +211,23 @@ def test_unreachable_beanstalkd_at_start_names_the_url(tmp_path: Path) -> None:
     bad = recipe(tmp_path, ["http://127.0.0.1:1/x"], "queue: {type: beanstalk, url: 'http://127.0.0.1:1'}\n")
     checked = scrapekit("check", str(bad), cwd=tmp_path)
     assert checked.returncode == 2 and f"{bad}:3: queue.url: expected beanstalk://HOST:PORT" in checked.stderr
+
+
+def test_a_broken_part_stops_the_run_with_exit_code_3(tmp_path: Path, site) -> None:
+    urls = [f"{site.url}/page/{n}?boom" for n in range(200)]
+    path = recipe(tmp_path, urls, "parse: {type: 'skplugins:BrokenParser'}\nlimits: {part_errors: 5/1m}\n"
+                                  "fetch: {concurrency: 2}\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'plugins'}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    result = cli("run", str(path))
+    assert result.returncode == 3, result.stderr
+    assert "stopping: 5 unanticipated errors" in result.stderr
+    status = json.loads(cli("status", str(path), "--json").stdout)
+    assert status["stop_reason"] == "circuit_breaker"
+    assert 5 <= status["buried"] < 50 and status["queued"] + status["delayed"] > 100  # the rest wait, unharmed
+    critical = (tmp_path / "work" / "t" / "log" / "critical.log").read_text()
+    assert "Traceback" in critical and "a bug in a plugin" in critical

@@ -30,7 +30,7 @@ import greenstalk
 import plyvel
 
 from ..errors import QueueError
-from ..model import Job, Request
+from ..model import Job, Request, loggable
 from ..state import StateDB
 from ..units import Seconds
 
@@ -110,7 +110,7 @@ class BeanstalkTransaction:
             return False
         body = request.to_json().encode()
         if len(body) > _MAX_BODY:
-            log.info("not queued: request of %d bytes is over beanstalkd's job limit: %r", len(body), request.url)
+            log.info("not queued: request of %d bytes is over beanstalkd's job limit: %s", len(body), loggable(request.url))
             return False
         self.new_keys.add(key)
         if self._queue.depth_priority and request.depth:
