@@ -20,6 +20,7 @@ from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .runner import Runner, build
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
+from .units import format_size
 
 log = logging.getLogger("scrapekit.cli")
 
@@ -187,6 +188,7 @@ def _status(r: Recipe) -> dict[str, Any]:
         "buried": int(queue.get("buried", 0)), **totals,
         "rate": stats.get("rate", 0.0) if pid else 0.0, "rate_avg": stats.get("rate_avg", 0.0),
         "updated_at": stats.get("updated_at"), "stop_reason": None if pid else stats.get("stop_reason"),
+        "bandwidth": stats.get("bandwidth"), "politeness": stats.get("politeness"),
     }
 
 
@@ -205,7 +207,27 @@ def status(recipe: str, as_json: bool) -> None:
                f"  queued {s['queued']}  reserved {s['reserved']}  delayed {s['delayed']}  buried {s['buried']}\n"
                f"  done {s['done']}  failed {s['failed']}  items {s['items']}  retries {s['retries']}"
                + (f"\n  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)" if s["running"]
-                  else f"\n  last run's average rate {s['rate_avg']:.1f}/s"))
+                  else f"\n  last run's average rate {s['rate_avg']:.1f}/s")
+               + _politeness_text(s))
+
+
+def _politeness_text(s: dict[str, Any]) -> str:
+    lines = []
+    bandwidth = s.get("bandwidth") or {}
+    if bandwidth.get("daily_limit") or bandwidth.get("monthly_limit"):
+        def size(n: int) -> str:
+            return format_size(n) if n else "none"
+
+        lines.append(f"  bandwidth {format_size(bandwidth['day_bytes'])} today (limit {size(bandwidth['daily_limit'])}), "
+                     f"{format_size(bandwidth['month_bytes'])} this month (limit {size(bandwidth['monthly_limit'])})")
+    if s["running"] and bandwidth.get("paused_until"):
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bandwidth["paused_until"]))
+        lines.append(f"  PAUSED: bandwidth limit reached, until {until}")
+    paused = (s.get("politeness") or {}).get("paused_domains") or {}
+    if s["running"] and paused:
+        shown = ", ".join(f"{domain} ({left:.0f}s)" for domain, left in sorted(paused.items())[:10])
+        lines.append(f"  domains paused after repeated failures: {shown}")
+    return "".join(f"\n{line}" for line in lines)
 
 
 # -- dump, load, kick -------------------------------------------------------------------------

@@ -11,10 +11,13 @@ other domains, and nothing the gate holds is lost by a crash: a held job is stil
 
 from __future__ import annotations
 
+import calendar
 import heapq
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from .links import registered_domain
@@ -196,3 +199,46 @@ class Gate:
     def paused(self, now: float) -> dict[str, float]:
         """Domains resting after repeated failures, with the seconds left."""
         return {d.name: d.paused_until - now for d in self._domains.values() if d.paused_until > now}
+
+
+class Bandwidth:
+    """Body bytes fetched per UTC day and month against the recipe's limits (0: none).
+
+    ``add`` counts; ``state``/``saved`` go through the queue's state in the batch of the acks,
+    so the counts survive restarts exactly. ``paused_until(now)`` is the start of the next period
+    while a limit is reached, None otherwise. Jobs already in flight finish, so a limit can be
+    passed by at most their bodies (``fetch.max_bytes`` each).
+    """
+
+    def __init__(self, daily: int = 0, monthly: int = 0, saved: dict[str, Any] | None = None) -> None:
+        self.daily = daily
+        self.monthly = monthly
+        saved = saved or {}
+        self.day = str(saved.get("day", ""))
+        self.month = str(saved.get("month", ""))
+        self.day_bytes = int(saved.get("day_bytes", 0))
+        self.month_bytes = int(saved.get("month_bytes", 0))
+
+    def _roll(self, now: float) -> None:
+        day = time.strftime("%Y-%m-%d", time.gmtime(now))
+        if day != self.day:
+            self.day, self.day_bytes = day, 0
+        if day[:7] != self.month:
+            self.month, self.month_bytes = day[:7], 0
+
+    def add(self, nbytes: int, now: float) -> None:
+        self._roll(now)
+        self.day_bytes += nbytes
+        self.month_bytes += nbytes
+
+    def state(self) -> dict[str, Any]:
+        return {"day": self.day, "day_bytes": self.day_bytes, "month": self.month, "month_bytes": self.month_bytes}
+
+    def paused_until(self, now: float) -> float | None:
+        self._roll(now)
+        if self.monthly and self.month_bytes >= self.monthly:
+            year, month = int(self.month[:4]), int(self.month[5:7])
+            return calendar.timegm((year + month // 12, month % 12 + 1, 1, 0, 0, 0))
+        if self.daily and self.day_bytes >= self.daily:
+            return calendar.timegm(time.strptime(self.day, "%Y-%m-%d")) + 86_400.0
+        return None

@@ -34,13 +34,14 @@ from .logs import CONSOLE
 from .model import Item, Job, Request, Response, loggable
 from .parsers import Parser
 from .policy import Decision, decide
-from .politeness import Gate
+from .politeness import Bandwidth, Gate
 from .recipe import PartSpec, Recipe
 from .robots import RobotsCache, Verdict
 from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
 from .stats import Stats, write_json_atomic
 from .stores import Checkpointed, Store
+from .units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ class Runner:
         self._next_feed = 0.0
         self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
         self._part_errors: deque[float] = deque()
+        self._paused_until: float | None = None
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
                          recipe.breaker_pause, hold=2 * recipe.concurrency) if recipe.polite else None
 
@@ -172,6 +174,8 @@ class Runner:
             self.parts = parts
             totals = parts.queue.get_state("stats")
             self.stats = Stats(totals, self.monotonic)
+            self.bandwidth = Bandwidth(recipe.bandwidth_daily, recipe.bandwidth_monthly,
+                                       parts.queue.get_state("bandwidth"))
             self._install_signals(stack)
             threads = self._start_threads(parts)
             stack.callback(self._stop_threads, threads)
@@ -227,7 +231,8 @@ class Runner:
             self._check_limits(started)
             if self.stop_reason is None:
                 self._feed(parts)
-                self._dispatch(parts)
+                if not self._bandwidth_paused():
+                    self._dispatch(parts)
             else:
                 now = self.monotonic()
                 if stopping_since is None:
@@ -259,6 +264,23 @@ class Runner:
             self.stop_reason = "max_requests"
         elif self.recipe.max_seconds and self.monotonic() - started >= self.recipe.max_seconds:
             self.stop_reason = "max_seconds"
+
+    def _bandwidth_paused(self) -> bool:
+        """True while a bandwidth limit is reached; says so once in the log when it starts and ends."""
+        until = self.bandwidth.paused_until(self.clock())
+        if until != self._paused_until:
+            if until is not None:
+                log.warning("bandwidth limit reached (%s): paused until %s", self._bandwidth_text(),
+                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until)), extra=CONSOLE)
+            else:
+                log.warning("bandwidth: a new period began, resuming", extra=CONSOLE)
+            self._paused_until = until
+        return until is not None
+
+    def _bandwidth_text(self) -> str:
+        b = self.bandwidth
+        return (f"{format_size(b.day_bytes)} today, limit {format_size(b.daily) if b.daily else 'none'}; "
+                f"{format_size(b.month_bytes)} this month, limit {format_size(b.monthly) if b.monthly else 'none'}")
 
     def _finished(self, parts: Parts) -> bool:
         if not self._source_exhausted:
@@ -448,9 +470,11 @@ class Runner:
             if isinstance(store, Checkpointed):
                 checkpoints.append((state_name, store.checkpoint()))
         stats = self.stats
+        now = self.clock()
         with parts.queue.transaction() as tx:
             for outcome, decision in zip(outcomes, decisions):
                 response, job = outcome.response, outcome.job
+                self.bandwidth.add(len(response.body), now)  # every fetch, retried or not
                 if decision.action == "duplicate":
                     tx.ack(job)
                     continue
@@ -483,6 +507,7 @@ class Runner:
             for mark in unique_keys:
                 tx.set_state(mark, {})
             tx.set_state("stats", stats.persistent())
+            tx.set_state("bandwidth", self.bandwidth.state())
         for _, store in parts.stores:
             if isinstance(store, Checkpointed):
                 store.committed()
@@ -556,6 +581,11 @@ class Runner:
         snapshot = self.stats.snapshot(
             self._queue_counts(parts) if fresh else self._counts, name=self.recipe.name, pid=os.getpid(), running=running,
             updated_at=self.clock(), stop_reason=self.stop_reason, in_flight=self._in_flight,
+            bandwidth={**self.bandwidth.state(), "daily_limit": self.bandwidth.daily,
+                       "monthly_limit": self.bandwidth.monthly, "paused_until": self._paused_until},
+            politeness=None if self.gate is None else {
+                "held": self.gate.held(), "put_back": self.gate.put_back,
+                "paused_domains": {d: round(left, 1) for d, left in self.gate.paused(self.monotonic()).items()}},
         )
         try:
             write_json_atomic(self.recipe.run_dir / "stats.json", snapshot)

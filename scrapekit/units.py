@@ -48,3 +48,15 @@ def parse_size(value: object) -> Bytes:
     if not match or (unit and unit not in _SIZE_UNITS):
         raise ValueError(f"expected a size like 200KB, 256MB or 64KiB, got {value!r}")
     return Bytes(int(float(match.group(1)) * _SIZE_UNITS[unit or "b"]))
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes the way a recipe writes sizes, in powers of 1000: ``512B``, ``5.0KB``, ``12.3GB``."""
+    if abs(n) < 1000:
+        return f"{n}B"
+    size = float(n)
+    for unit in ("KB", "MB", "GB"):
+        size /= 1000
+        if abs(size) < 1000:
+            return f"{size:.1f}{unit}"
+    return f"{size / 1000:.1f}TB"

@@ -4,6 +4,8 @@ local hosts whose request times are recorded by the servers themselves."""
 
 from __future__ import annotations
 
+import calendar
+import json
 import threading
 import time
 from collections import defaultdict
@@ -12,6 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from scrapekit import cli
 
 from scrapekit.model import Job, Request, Response
 from scrapekit.politeness import Gate, domain_of
@@ -252,3 +257,82 @@ def test_a_run_keeps_each_domains_delay_and_one_big_domain_does_not_stall_the_ot
         gaps = [y - x for x, y in zip(at, at[1:])]
         assert min(gaps) >= 0.25, (host, gaps)  # 300 ms apart at dispatch; arrival jitter is small
     assert times["127.0.0.2"][-1] < times["127.0.0.1"][4]  # b's three were not queued behind a's eight
+
+
+# -- bandwidth --------------------------------------------------------------------------------
+
+
+def test_bandwidth_periods_roll_over_at_utc_midnight_and_month_end() -> None:
+    from scrapekit.politeness import Bandwidth
+
+    end_of_year = calendar.timegm((2026, 12, 31, 23, 59, 0))
+    bandwidth = Bandwidth(daily=1000, monthly=5000)
+    bandwidth.add(999, end_of_year)
+    assert bandwidth.paused_until(end_of_year) is None
+    bandwidth.add(1, end_of_year)
+    assert bandwidth.paused_until(end_of_year) == calendar.timegm((2027, 1, 1, 0, 0, 0))
+    assert bandwidth.paused_until(end_of_year + 60) is None  # a new day and a new month
+    assert bandwidth.state() == {"day": "2027-01-01", "day_bytes": 0, "month": "2027-01", "month_bytes": 0}
+    again = Bandwidth(daily=0, monthly=5000, saved={"day": "2027-01-01", "day_bytes": 10, "month": "2027-01",
+                                                      "month_bytes": 5000})
+    assert again.paused_until(end_of_year + 86_400) == calendar.timegm((2027, 2, 1, 0, 0, 0))
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_run_pauses_at_its_daily_bandwidth_until_the_next_day_and_remembers_across_restarts(
+        tmp_path: Path, site) -> None:
+    clock = FakeClock(calendar.timegm((2026, 11, 23, 22, 0, 0)))
+    urls = [f"{site.url}/page/{n}" for n in range(12)]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+    path = tmp_path / "r.yaml"
+    path.write_text("name: b\nwork_dir: work\nsource: {type: flat_file, path: urls.txt}\nfetch: {concurrency: 1}\n"
+                    "politeness: {allow_private: true, robots: false, bandwidth: {daily: 5KB}}\n")
+    stats_file = tmp_path / "work" / "b" / "stats.json"
+
+    def stats() -> dict:
+        try:
+            return json.loads(stats_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    runner = Runner(load_recipe(path), clock=clock)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    wait_for(lambda: (stats().get("bandwidth") or {}).get("paused_until") is not None)
+    time.sleep(0.5)
+    paused = stats()
+    assert paused["bandwidth"]["paused_until"] == calendar.timegm((2026, 11, 24, 0, 0, 0))
+    assert 5000 <= paused["bandwidth"]["day_bytes"] < 5000 + 3 * 2500 and paused["done"] < 6  # at most the jobs in flight past it
+    shown = CliRunner().invoke(cli.main, ["status", str(path)])
+    assert "PAUSED: bandwidth limit reached, until 2026-11-24T00:00:00Z" in shown.output
+    assert "today (limit 5.0KB)" in shown.output and "this month (limit none)" in shown.output
+    runner.stop_reason = "signal"  # as SIGTERM does
+    thread.join(timeout=30)
+
+    # Restarted the same day: the count was kept with the acks, so it is still paused.
+    runner = Runner(load_recipe(path), clock=clock)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    wait_for(lambda: stats().get("running") and (stats().get("bandwidth") or {}).get("paused_until"))
+    time.sleep(0.5)
+    assert stats()["done"] == paused["done"]
+    clock.advance(2 * 3600)  # midnight UTC: a new day, and so on until the work is done
+    days = 1
+    while thread.is_alive():
+        thread.join(timeout=0.2)
+        until = (stats().get("bandwidth") or {}).get("paused_until")
+        if until is not None and until > clock.time():
+            clock.advance(86_400)
+            days += 1
+        assert days < 12
+    assert runner.stop_reason == "done", stats()
+    final = stats()
+    assert final["done"] == 12 and days >= 2
+    log = (tmp_path / "work" / "b" / "log" / "info.log")
+    assert not log.exists() or "paused until 2026-11-24T00:00:00Z" in log.read_text()
