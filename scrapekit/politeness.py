@@ -33,7 +33,7 @@ BREAKER_ERRORS = frozenset({"timeout", "refused", "dns", "broken_body", "ssl", "
 """Failures that count towards a domain's circuit breaker; any other outcome resets its count."""
 
 _MIN_SPACING = 0.001  # seconds between the return times of jobs put back for one domain
-_MIN_PUT_BACK = 1.0  # a job put back returns no sooner than this
+_MIN_PUT_BACK = 0.1  # a job put back returns no sooner than this (and not in the same dispatch round)
 _HOLD_AHEAD = 2.0  # a domain's jobs are held if they can start within this many seconds
 _SMOOTHING = 0.2  # weight of the newest fetch time in a domain's average
 _SPEED_UP = 0.9  # after a success a raised delay falls back towards the base by this factor

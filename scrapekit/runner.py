@@ -155,8 +155,9 @@ class Runner:
         self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
         self._part_errors: deque[float] = deque()
         self._paused_until: float | None = None
+        self._skim = 8 * recipe.concurrency  # jobs a dispatch round may put back (see _dispatch_gated)
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
-                         recipe.breaker_pause, hold=2 * recipe.concurrency) if recipe.polite else None
+                         recipe.breaker_pause, hold=recipe.concurrency) if recipe.polite else None
 
     @property
     def _in_flight(self) -> int:
@@ -337,23 +338,31 @@ class Runner:
 
     def _dispatch_gated(self, parts: Parts, gate: Gate, limit: int) -> None:
         """Start the held jobs whose domain is free, then reserve more: the gate holds a few per
-        domain and the rest go back to the queue, delayed until about when their domain is free."""
+        domain and the rest go back to the queue, delayed until about when their domain is free.
+
+        Putting back is how a clump of one domain is skimmed to reach the others behind it. A
+        round that reaches none makes the next round skim half as far (one job at the least), so
+        a queue of one busy domain is not churned; a round that does restores the full reach.
+        """
         now = self.monotonic()
         self._start_ready(gate, now, limit)
         put_back: list[tuple[Job, float]] = []
-        hold_limit = max(limit, 8 * self.recipe.concurrency)
-        while self._in_flight - gate.held() < limit and gate.held() < hold_limit and len(put_back) < 4 * limit:
+        reached = False
+        while (self._in_flight - gate.held() < limit and gate.held() < limit
+               and len(put_back) < self._skim):
             job = parts.queue.reserve()
             if job is None:
                 break
             if gate.offer(job, now):
                 self._flying[job.id] = (job, now)
+                reached = reached or bool(put_back)
             else:
                 put_back.append((job, gate.put_back_delay))
         if put_back:
             with parts.queue.transaction() as tx:
                 for job, delay in put_back:
                     tx.retry(job, delay)
+            self._skim = 4 * limit if reached else max(1, self._skim // 2)
         self._start_ready(gate, now, limit)
 
     def _start_ready(self, gate: Gate, now: float, limit: int) -> None:
@@ -362,15 +371,15 @@ class Runner:
 
     def _withdraw(self) -> None:
         """Take back jobs no thread has started; they stay queued on disk for the next run."""
+        if self.gate is not None:
+            for job in self.gate.withdraw():
+                self._flying.pop(job.id, None)
         while True:
             try:
                 job = self._work.get_nowait()
             except stdqueue.Empty:
                 return
             if job is not None:
-                self._flying.pop(job.id, None)
-        if self.gate is not None:
-            for job in self.gate.withdraw():
                 self._flying.pop(job.id, None)
 
     def _collect(self, idle: bool) -> list[Outcome]:

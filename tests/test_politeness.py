@@ -115,7 +115,7 @@ def test_a_clump_of_one_domain_goes_back_to_the_queue_spread_out_and_others_pass
     assert held[0] and sum(held) <= 2 and len(delays) >= 998
     gaps = [b - a for a, b in zip(delays, delays[1:])]
     assert min(gaps) == pytest.approx(5.0) and max(gaps) == pytest.approx(5.0)
-    assert delays[0] >= 1.0
+    assert delays[0] >= 0.1
     assert all(gate.offer(job(f"http://small{i}.org/"), now) for i in range(3))
     started = {domain_of(j.request.url) for j in gate.ready(now, most=100)}
     assert started == {"big.com", "small0.org", "small1.org", "small2.org"}
