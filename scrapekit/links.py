@@ -142,6 +142,14 @@ class LinkFilter:
         return None
 
 
+def _split_canonical(url: str) -> tuple[str, str, str]:
+    """Netloc, path and query of a canonical URL (scheme://netloc/path?query, no fragment),
+    without urlsplit's general parsing."""
+    netloc, _, rest = url.partition("://")[2].partition("/")
+    path, _, query = rest.partition("?")
+    return netloc, "/" + path, query
+
+
 def _domain(url: str) -> str:
     return registered_domain(urlsplit(url).hostname or "")
 
@@ -173,12 +181,12 @@ class TrapFilter:
         "repeated_param" (TRAP_REASONS, in that order). Counts nothing."""
         if len(url) > self.max_url_length:
             return "too_long"
-        parts = urlsplit(url)
-        segments = Counter(s for s in parts.path.split("/") if s)
-        if segments and max(segments.values()) > self.max_segment_repeats:
+        _, path, query = _split_canonical(url)
+        segments = [s for s in path.split("/") if s]
+        if len(segments) > self.max_segment_repeats and max(Counter(segments).values()) > self.max_segment_repeats:
             return "repeated_segment"
-        if parts.query:
-            keys = [p.partition("=")[0] for p in parts.query.split("&") if p]
+        if query:
+            keys = [p.partition("=")[0] for p in query.split("&") if p]
             if len(keys) != len(set(keys)):
                 return "repeated_param"
         return None
@@ -190,9 +198,9 @@ class TrapFilter:
         Call it only for URLs that passed ``check`` and were never seen before, so a link seen
         again, or refused for another reason, does not fill the cap.
         """
-        parts = urlsplit(url)
-        keys = sorted(p.partition("=")[0] for p in parts.query.split("&") if p)
-        pattern = f"{parts.netloc}{_DIGITS.sub('N', parts.path)}?{'&'.join(keys)}"
+        netloc, path, query = _split_canonical(url)
+        keys = sorted(p.partition("=")[0] for p in query.split("&") if p) if query else ()
+        pattern = f"{netloc}{_DIGITS.sub('N', path)}?{'&'.join(keys)}"
         seen = self.counts.get(pattern, 0)
         if seen >= self.max_per_pattern:
             return "pattern_cap"

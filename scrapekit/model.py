@@ -75,6 +75,10 @@ def canonical_url(url: str, base: str | None = None) -> str:
     with a valid host, and for whitespace or control characters anywhere in ``url``.
     """
     url = url.strip()
+    if base is not None and url[:1] == "/" and _SIMPLE_PATH.fullmatch(url):
+        origin = _canonical_origin(base)  # the common link, "/a/b.html", is canonical already
+        if origin is not None:
+            return origin + url
     if _BAD_CHARS.search(url):
         raise BadUrl(f"URL contains whitespace or control characters: {url!r}")
     if base is not None and not _ABSOLUTE.match(url):
@@ -136,6 +140,21 @@ def _netloc(parts: SplitResult, url: str, default_port: int) -> str:
         host = f"{host}:{port}"
     userinfo = parts.netloc.rpartition("@")[0]
     return f"{userinfo}@{host}" if userinfo else host
+
+
+_SIMPLE_PATH = re.compile(r"/(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*/?)*")
+"""A root-relative path already in canonical form: unreserved characters only, no empty, dot
+or dot-dot segments, no query or fragment (a segment may not start with a dot)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_origin(base: str) -> str | None:
+    """``scheme://host[:port]`` of ``base`` in canonical form, None when base is no http(s) URL."""
+    try:
+        known = _base_parts(base)
+        return None if known is None else canonical_url(known[1] + "/")[:-1]
+    except (BadUrl, ValueError):
+        return None
 
 
 @functools.lru_cache(maxsize=256)

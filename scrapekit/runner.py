@@ -372,8 +372,8 @@ class Runner:
     def _withdraw(self) -> None:
         """Take back jobs no thread has started; they stay queued on disk for the next run."""
         if self.gate is not None:
-            for job in self.gate.withdraw():
-                self._flying.pop(job.id, None)
+            for held in self.gate.withdraw():
+                self._flying.pop(held.id, None)
         while True:
             try:
                 job = self._work.get_nowait()
@@ -555,7 +555,7 @@ class Runner:
             reason = parts.follow.admit(link) if parts.follow is not None else None
             if reason is not None:
                 links[reason] += 1
-            elif tx.put(link):
+            elif tx.put(link, unseen=True):
                 links["queued"] += 1
             else:
                 links["seen"] += 1  # twice in this batch

@@ -252,3 +252,25 @@ def test_growing_query_values_hit_the_pattern_cap() -> None:
     traps = TrapFilter(max_per_pattern=3)
     urls = [f"http://a.example/list?page={n}&sort=asc" for n in range(5)]
     assert [traps.count(url) for url in urls] == [None, None, None, "pattern_cap", "pattern_cap"]
+
+
+@pytest.mark.parametrize("base", [
+    "http://Example.COM:80/dir/page.html?q=1#f", "https://example.com:8443/a/", "http://[::1]:8080/x",
+    "http://xn--bcher-kva.example/", "http://bücher.example/d/", "http://user:pw@host.example/p",
+])
+@pytest.mark.parametrize("link", [
+    "/", "/page/12", "/a/b.html", "/a/b/", "/~user/x_y-z.tar.gz", "/a/./b", "/a/../b", "//other.example/x",
+    "/.hidden", "/a//b", "/a/b?x=1", "/%7Euser", "/caf%C3%A9", "/a;jsessionid=ABC123", "/a b",
+])
+def test_the_fast_path_for_root_relative_links_agrees_with_full_resolution(base: str, link: str) -> None:
+    from urllib.parse import urljoin
+
+    try:
+        expected = canonicalize(urljoin(base, link))
+    except BadUrl:
+        expected = None
+    try:
+        got = canonicalize(link, base)
+    except BadUrl:
+        got = None
+    assert got == expected

@@ -30,8 +30,10 @@ class Source(Protocol):
 class Transaction(Protocol):
     """Operations that become durable together, or not at all, when the transaction commits."""
 
-    def put(self, request: Request) -> bool:
-        """Queue ``request`` unless its key is already queued or done; True when queued."""
+    def put(self, request: Request, *, unseen: bool = False) -> bool:
+        """Queue ``request`` unless its key is already queued or done; True when queued.
+        ``unseen``: the caller has just found ``Queue.known(key)`` false, so the queue need not
+        look it up again (a key put earlier in this transaction is still refused)."""
         ...
 
     def ack(self, job: Job, follow_ups: Iterable[Request] = ()) -> None:

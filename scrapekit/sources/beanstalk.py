@@ -93,8 +93,8 @@ class BeanstalkTransaction:
         self.buries: list[Job] = []
         self.done = 0
 
-    def put(self, request: Request, delay: float = 0.0) -> bool:
-        return self._put(request, delay, None)
+    def put(self, request: Request, delay: float = 0.0, *, unseen: bool = False) -> bool:
+        return self._put(request, delay, None, unseen)
 
     def put_buried(self, request: Request, reason: str) -> bool:
         """Queue ``request`` straight into the buried state (loading a dump)."""
@@ -104,9 +104,9 @@ class BeanstalkTransaction:
         self.batch[_BURIED + request.key.encode()] = json.dumps(record).encode()
         return True
 
-    def _put(self, request: Request, delay: float, buried: str | None) -> bool:
+    def _put(self, request: Request, delay: float, buried: str | None, unseen: bool = False) -> bool:
         key = request.key
-        if key in self.new_keys or self._queue.known(key):
+        if key in self.new_keys or (not unseen and self._queue.known(key)):
             return False
         body = request.to_json().encode()
         if len(body) > _MAX_BODY:

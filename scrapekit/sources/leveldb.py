@@ -70,9 +70,9 @@ class LevelDbTransaction:
         self._earliest_due: float | None = None
         self._lowest_ready: bytes | None = None
 
-    def put(self, request: Request) -> bool:
+    def put(self, request: Request, *, unseen: bool = False) -> bool:
         key = request.key
-        if key in self._new_keys or self._queue.known(key):
+        if key in self._new_keys or (not unseen and self._queue.known(key)):
             return False
         self._new_keys.add(key)
         request = self._queue.prioritised(request)
