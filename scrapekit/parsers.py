@@ -72,10 +72,13 @@ def _parse_html(response: Response) -> etree._Element | None:
             text = body.decode(charset)
         except (LookupError, UnicodeDecodeError):
             text = None
+    parser = getattr(_last, "parser", None)
+    if parser is None:  # one per thread: lxml parsers are not to be shared between threads
+        parser = _last.parser = lxml.html.HTMLParser(no_network=True, huge_tree=False)
     try:
         if text is not None:
-            return lxml.html.document_fromstring(text)
-        return lxml.html.document_fromstring(body)
+            return lxml.html.document_fromstring(text, parser=parser)
+        return lxml.html.document_fromstring(body, parser=parser)
     except (etree.ParserError, ValueError):
         return None
 

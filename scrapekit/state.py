@@ -89,7 +89,7 @@ class StateDB:
         self.path = path
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self.db = plyvel.DB(str(path), create_if_missing=True)
+            self.db = plyvel.DB(str(path), create_if_missing=True, bloom_filter_bits=10)
         except (plyvel.Error, OSError) as exc:
             raise QueueError(f"cannot open state database {path}: {exc}") from None
 
