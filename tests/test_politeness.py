@@ -336,3 +336,23 @@ def test_a_run_pauses_at_its_daily_bandwidth_until_the_next_day_and_remembers_ac
     assert final["done"] == 12 and days >= 2
     log = (tmp_path / "work" / "b" / "log" / "info.log")
     assert not log.exists() or "paused until 2026-11-24T00:00:00Z" in log.read_text()
+
+
+def test_a_run_pauses_a_failing_domain_and_the_others_go_on(tmp_path: Path, site, caplog) -> None:
+    from .conftest import free_port
+
+    dead = f"http://127.0.0.2:{free_port()}"  # nothing listens there: every connection is refused
+    urls = [f"{dead}/x{i}" for i in range(10)] + [f"{site.url}/page/{n}" for n in range(10)]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+    path = tmp_path / "r.yaml"
+    path.write_text("name: br\nwork_dir: work\nsource: {type: flat_file, path: urls.txt}\n"
+                    "fetch: {concurrency: 2, retries: 0}\nlimits: {max_seconds: 4s}\n"
+                    "politeness: {allow_private: true, robots: false, per_domain: 1, breaker_failures: 3, breaker_pause: 1h}\n")
+    assert Runner(load_recipe(path)).run() == "max_seconds"
+    stats = json.loads((tmp_path / "work" / "br" / "stats.json").read_text())
+    assert stats["errors"] == {"refused": 3}  # three tries, then the domain rests
+    assert stats["done"] == 10  # the good domain was not held up
+    queue = stats["queue"]
+    assert queue["delayed"] + queue["ready"] + queue["reserved"] == 7  # the rest wait for the pause to end
+    assert queue["done"] == 13 and queue["buried"] == 0
+    assert "127.0.0.2 failed 3 times in a row: paused for 3600s" in caplog.text

@@ -128,3 +128,24 @@ def test_loggable_masks_credentials_and_escapes_control_characters() -> None:
     assert loggable("socks5h://u:p@127.0.0.1:9050") == "socks5h://***@127.0.0.1:9050"
     assert loggable("http://h/" + "x" * 1000).endswith("...") and len(loggable("http://h/" + "x" * 1000)) == 303
     assert loggable("http://h/\x1b[31mred") == "http://h/\\x1b[31mred"
+
+
+def test_a_recipe_run_goes_through_its_proxies_and_logs_no_credentials(tmp_path, site: DemoSite) -> None:
+    from scrapekit.recipe import load_recipe
+    from scrapekit.runner import Runner
+
+    with ProxyServer(kind="socks5", credentials=("scraper", "s3cret")) as socks, \
+            ProxyServer(kind="http", credentials=("scraper", "s3cret")) as http:
+        urls = [f"{site.url}/page/{n}" for n in range(20)]
+        (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+        path = tmp_path / "r.yaml"
+        path.write_text("name: px\nwork_dir: work\nsource: {type: flat_file, path: urls.txt}\n"
+                        f"fetch: {{concurrency: 4, proxies: ['{socks.url}', '{http.url}']}}\n"
+                        "politeness: {allow_private: true, robots: false}\n")
+        assert Runner(load_recipe(path)).run() == "done"
+        assert socks.count >= 1 and http.count >= 1  # both proxies used, each by its own slots
+        assert http.count + sum(site.hits_snapshot().get(f"/page/{n}", 0) for n in range(20)) >= 20
+    stats = (tmp_path / "work" / "px" / "stats.json").read_text()
+    assert '"done": 20' in stats
+    logs = "".join(p.read_text() for p in (tmp_path / "work" / "px" / "log").glob("*.log"))
+    assert "s3cret" not in logs
