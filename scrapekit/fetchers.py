@@ -290,8 +290,10 @@ class HttpFetcher:
         try:
             if not self.allow_private:
                 _check_host(urlsplit(request.url).hostname or "")
-            with self._session.request(self._method, request.url, stream=True, timeout=self.timeout,
-                                       allow_redirects=self._follow_redirects, hooks=self._hooks,
+            head = request.kind == "head"  # a request of kind head is a HEAD whatever the fetcher
+            with self._session.request("HEAD" if head else self._method, request.url, stream=True,
+                                       timeout=self.timeout, allow_redirects=self._follow_redirects and not head,
+                                       hooks=self._hooks,
                                        proxies=None if proxy is None else {"http": proxy.url, "https": proxy.url}) as r:
                 status, reason, url = r.status_code, r.reason or "", r.url
                 headers = {name.lower(): value for name, value in r.headers.items()}

@@ -30,7 +30,6 @@ INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _MAX_NODES = 100_000
 _PLAIN_TAGS = frozenset({"2002:map", "2002:seq", "2002:str", "2002:int", "2002:float", "2002:bool", "2002:null"})
-_NOT_YET = ("paginate", "reschedule")
 _POLITENESS_KEYS = ["robots", "robots_expiry", "delay", "max_delay", "per_domain", "breaker_failures",
                     "breaker_pause", "bandwidth", "allow_private"]
 DEFAULT_BACKOFF: dict[str, float] = {
@@ -141,6 +140,8 @@ class Recipe:
     parse: PartSpec | None
     stores: tuple[PartSpec, ...]
     follow: PartSpec | None = None
+    paginate: PartSpec | None = None
+    reschedule: PartSpec | None = None
     window: int = 10_000
     concurrency: int = 16
     retries: int = 3
@@ -368,12 +369,9 @@ def load_recipe(path: str | Path) -> Recipe:
     root = load_yaml(path)
     check = _Checker(path)
     base = path.resolve().parent
-    top = ["name", "work_dir", "source", "queue", "fetch", "parse", "follow", "politeness", "store", "limits", "log",
-           *_NOT_YET]
+    top = ["name", "work_dir", "source", "queue", "fetch", "parse", "follow", "paginate", "reschedule", "politeness",
+           "store", "limits", "log"]
     given = check.keys(root, "", top)
-    for key in _NOT_YET:
-        if key in given:
-            check.error(given[key].line, key, "this section is not available in this version of scrapekit yet")
 
     name = path.stem
     if "name" in given:
@@ -394,6 +392,8 @@ def load_recipe(path: str | Path) -> Recipe:
     parse, _ = _part(check, given.get("parse"), "parse", "parsers", None, base)
     follow, _ = _part(check, given.get("follow"), "follow", "strategies",
                       "follow_links" if "follow" in given else None, base)
+    paginate, _ = _part(check, given.get("paginate"), "paginate", "paginators", None, base)
+    reschedule, _ = _part(check, given.get("reschedule"), "reschedule", "reschedulers", None, base)
 
     stores: list[PartSpec] = []
     store_node = given.get("store")
@@ -437,7 +437,8 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeErrors(check.errors)
     assert source is not None and queue is not None and fetch is not None
     return Recipe(path=path, name=name, work_dir=work_dir, source=source, queue=queue, fetch=fetch,
-                  parse=parse, stores=tuple(stores), follow=follow, **settings)
+                  parse=parse, stores=tuple(stores), follow=follow, paginate=paginate, reschedule=reschedule,
+                  **settings)
 
 
 def _politeness(check: _Checker, node: Node, base: Path) -> dict[str, Any]:

@@ -8,11 +8,12 @@ from importlib.metadata import entry_points
 
 from .errors import PartError
 
-KINDS = ("sources", "queues", "fetchers", "parsers", "strategies", "stores")
+KINDS = ("sources", "queues", "fetchers", "parsers", "strategies", "paginators", "reschedulers", "stores")
 
 BUILTINS: dict[str, dict[str, str]] = {
     "sources": {
         "flat_file": "scrapekit.sources.flatfile:FlatFileSource",
+        "periodic": "scrapekit.sources.flatfile:PeriodicSource",
     },
     "queues": {
         "leveldb": "scrapekit.sources.leveldb:LevelDbQueue",
@@ -29,6 +30,16 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "strategies": {
         "follow_links": "scrapekit.crawl:FollowLinks",
+    },
+    "paginators": {
+        "page": "scrapekit.paginate:PagePaginator",
+        "max_id": "scrapekit.paginate:MaxIdPaginator",
+        "next_link": "scrapekit.paginate:NextLinkPaginator",
+        "cursor": "scrapekit.paginate:CursorPaginator",
+    },
+    "reschedulers": {
+        "rate": "scrapekit.reschedule:RateRescheduler",
+        "every": "scrapekit.reschedule:EveryRescheduler",
     },
     "stores": {
         "chunked_tsv": "scrapekit.stores.chunked:ChunkedTsvStore",

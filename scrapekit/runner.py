@@ -33,15 +33,17 @@ from .links import registered_domain
 from .logs import CONSOLE
 from .model import Item, Job, Request, Response, loggable
 from .parsers import Parser
+from .paginate import Paginator
 from .policy import Decision, decide
 from .politeness import Bandwidth, Gate
 from .recipe import PartSpec, Recipe
+from .reschedule import MAX_GUIDS, EveryRescheduler, Rescheduler, ResourceState
 from .robots import RobotsCache, Verdict
 from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
 from .stats import Stats, write_json_atomic
 from .stores import Checkpointed, Store
-from .units import format_size
+from .units import format_size, parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ _FEED_BATCH = 1000
 _COMMIT_BATCH = 512
 _STATS_EVERY = 1.0
 _FEED_EVERY = 0.05
+_FIRST_RETRY = 60.0  # seconds before a recurring resource that failed on its first visit is tried again
 
 
 def build(spec: PartSpec, recipe: Recipe, **services: Any) -> Any:
@@ -73,6 +76,8 @@ class Parts:
     follow: Strategy | None = None
     robots: RobotsCache | None = None
     stores: list[tuple[str, Store]] = field(default_factory=list)
+    paginator: Paginator | None = None
+    rescheduler: Rescheduler | None = None
 
 
 def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[], float] = time.time) -> Parts:
@@ -90,6 +95,8 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
         user_agent = getattr(fetcher, "user_agent", "scrapekit")
         robots = RobotsCache(state.db, fetcher.fetch, user_agent, expiry=recipe.robots_expiry, clock=clock)
     parts = Parts(source, queue, fetcher, parser, follow, robots)
+    parts.paginator = build(recipe.paginate, recipe) if recipe.paginate else None
+    parts.rescheduler = build(recipe.reschedule, recipe) if recipe.reschedule else None
     out_dir = recipe.run_dir / "out"
     for index, spec in enumerate(recipe.stores):
         state_name = f"store/{index}"
@@ -121,6 +128,13 @@ class Outcome:
     rejected: Counter[str] = field(default_factory=Counter)
     digest: str = ""  # of the body, for content dedupe when following links
     crawl_delay: float | None = None  # asked by the host's robots.txt
+    pages: tuple[Response, ...] = ()  # every page of a paginated visit, the first being ``response``
+    resource: dict[str, Any] | None = None  # the resource's state after this visit
+    reschedule: float | None = None  # seconds until the next visit of a recurring resource
+
+    @property
+    def responses(self) -> tuple[Response, ...]:
+        return self.pages or (self.response,)
 
 
 class Runner:
@@ -155,6 +169,7 @@ class Runner:
         self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
         self._part_errors: deque[float] = deque()
         self._paused_until: float | None = None
+        self._schedule: dict[str, float] = {}  # recurring resource key -> next visit (wall clock)
         self._skim = 8 * recipe.concurrency  # jobs a dispatch round may put back (see _dispatch_gated)
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
                          recipe.breaker_pause, hold=recipe.concurrency) if recipe.polite else None
@@ -423,6 +438,9 @@ class Runner:
             verdict = parts.robots.check(request.url) if parts.robots is not None else None
             crawl_delay = None if verdict is None else verdict.crawl_delay
             refusal = None if verdict is None or verdict.allowed else self._robots_refusal(request, verdict)
+            if refusal is None and (parts.paginator is not None or parts.rescheduler is not None
+                                    or "every" in request.meta):
+                return self._visit(parts, job, crawl_delay)
             response = refusal or parts.fetcher.fetch(request)
             if response.error is not None:
                 return Outcome(job, response, [], [], crawl_delay=crawl_delay)
@@ -436,6 +454,38 @@ class Runner:
             log.critical("part failed on %s: %s: %s", loggable(request.url), type(exc).__name__, exc, exc_info=True)
             response = Response(request, 0, "part_error", fetched_at=self.clock(), error="part_error")
             return Outcome(job, response, [], [])
+
+    def _visit(self, parts: Parts, job: Job, crawl_delay: float | None) -> Outcome:
+        """One visit of a resource: its pages, its new items, its state and when to come back."""
+        request = job.request
+        now = self.clock()
+        state = ResourceState.from_dict(parts.queue.get_state(_resource_key(request.key)))
+        if parts.paginator is not None:
+            responses, visit = parts.paginator.visit(request, parts.fetcher.fetch, state, now)
+            log.info("visit %s: %d pages, stopped: %s", loggable(request.url), len(responses), visit.stop)
+        else:
+            responses = [parts.fetcher.fetch(request)]
+        first = responses[0]
+        rescheduler = parts.rescheduler
+        if rescheduler is None and "every" in request.meta:
+            rescheduler = EveryRescheduler(parse_duration(request.meta["every"]))
+        if first.error is not None:
+            # The policy may retry it; once it gives up, a recurring resource keeps its state and
+            # comes back after its last interval (a minute when it has none yet).
+            again = max(1.0, state.next_visit - state.last_visit) if state.visits else _FIRST_RETRY
+            return Outcome(job, first, [], [], crawl_delay=crawl_delay, pages=tuple(responses),
+                           reschedule=again if rescheduler else None)
+        items: list[Item] = []
+        links: list[Request] = []
+        for response in responses:
+            if response.error is None and parts.parser is not None:
+                found, more = parts.parser.parse(response)
+                items += found
+                links += more
+        new = _new_items(items, state)
+        delay = rescheduler.delay(state, len(new), now, loggable(request.url)) if rescheduler else None
+        return Outcome(job, first, new, links, crawl_delay=crawl_delay, pages=tuple(responses),
+                       resource=state.to_dict(), reschedule=delay)
 
     def _robots_refusal(self, request: Request, verdict: Verdict) -> Response:
         """A response standing for a fetch robots.txt does not allow."""
@@ -463,7 +513,8 @@ class Runner:
                 continue
             for state_name, store in parts.stores:
                 if store.records == "pages":
-                    store.write(outcome.response)
+                    for response in outcome.responses:
+                        store.write(response)
                 elif getattr(store, "unique", False):
                     for item in outcome.items:
                         mark = _unique_key(state_name, item.key)
@@ -483,7 +534,7 @@ class Runner:
         with parts.queue.transaction() as tx:
             for outcome, decision in zip(outcomes, decisions):
                 response, job = outcome.response, outcome.job
-                self.bandwidth.add(len(response.body), now)  # every fetch, retried or not
+                self.bandwidth.add(sum(len(r.body) for r in outcome.responses), now)  # every fetch
                 if decision.action == "duplicate":
                     tx.ack(job)
                     continue
@@ -499,7 +550,14 @@ class Runner:
                     if response.error == "part_error":
                         self._part_failed()
                 else:
-                    tx.ack(job)
+                    if outcome.reschedule is not None:
+                        fresh = dataclasses.replace(job.request, attempt=0)
+                        tx.retry(job, outcome.reschedule, fresh)  # stays queued: due again later
+                        self._schedule[job.request.key] = self.clock() + outcome.reschedule
+                    else:
+                        tx.ack(job)
+                    if outcome.resource is not None:
+                        tx.set_state(_resource_key(job.request.key), outcome.resource)
                     self._queue_links(parts, tx, outcome)
                     if outcome.digest:
                         tx.set_state(_content_key(outcome), {"key": job.request.key})
@@ -507,7 +565,7 @@ class Runner:
                     if response.error is not None:
                         log.info("failed: %s %s %s", loggable(job.request.url), response.status, response.error)
                 stats.count("items", len(outcome.items))
-                stats.count("bytes", len(response.body))
+                stats.count("bytes", sum(len(r.body) for r in outcome.responses))
                 stats.statuses[str(response.status)] += 1
                 if response.error:
                     stats.errors[response.error] += 1
@@ -592,6 +650,7 @@ class Runner:
             updated_at=self.clock(), stop_reason=self.stop_reason, in_flight=self._in_flight,
             bandwidth={**self.bandwidth.state(), "daily_limit": self.bandwidth.daily,
                        "monthly_limit": self.bandwidth.monthly, "paused_until": self._paused_until},
+            next_due=[{"key": key, "at": at} for key, at in sorted(self._schedule.items(), key=lambda kv: kv[1])[:10]],
             politeness=None if self.gate is None else {
                 "held": self.gate.held(), "put_back": self.gate.put_back,
                 "paused_domains": {d: round(left, 1) for d, left in self.gate.paused(self.monotonic()).items()}},
@@ -611,6 +670,49 @@ class Runner:
             f"items {stats.totals['items']} | {stats.rate():.1f}/s | queue {counts['ready']} "
             f"delayed {counts['delayed']} in flight {self._in_flight}"
         )
+
+
+def _resource_key(key: str) -> str:
+    return f"res/{key}"
+
+
+def _new_items(items: list[Item], state: ResourceState) -> list[Item]:
+    """The items not seen by earlier visits: an ``id`` above the highest seen, or a ``guid`` not
+    among the last seen; items with neither are all new. Updates ``state.high`` and ``state.guids``."""
+    new: list[Item] = []
+    ids: list[int] = []
+    seen_guids = set(state.guids)
+    taken: set[str] = set()
+    for item in items:
+        ident = item.fields.get("id")
+        guid = item.fields.get("guid")
+        number = _int_or_none(ident)
+        if number is not None:
+            ids.append(number)
+            if state.high is not None and number <= state.high:
+                continue
+        elif guid is not None:
+            if str(guid) in seen_guids:
+                continue
+            seen_guids.add(str(guid))
+            state.guids.append(str(guid))
+        if item.key in taken:
+            continue
+        taken.add(item.key)
+        new.append(item)
+    if ids:
+        state.high = max(ids + ([] if state.high is None else [state.high]))
+    del state.guids[:-MAX_GUIDS]
+    return new
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _unique_key(state_name: str, key: str) -> str:

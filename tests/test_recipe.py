@@ -95,7 +95,7 @@ def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
     ("source: {type: flat_file, path: urls.txt}\nsource: {type: flat_file, path: urls.txt}\n", "2: source: duplicate key"),
     ("source: {type: flat_file, path: urls.txt}\nfetch: {user_agent: no}\n", "2: fetch.user_agent: expected a string, got false (YAML reads yes/no/on/off"),
     ("source: {type: flat_file, path: urls.txt}\nfetch: {concurrency: 010}\n", "2: fetch.concurrency: 010 reads as octal"),
-    ("source: {type: flat_file, path: urls.txt}\npaginate: {type: page}\n", "2: paginate: this section is not available"),
+    ("source: {type: flat_file, path: urls.txt}\npaginate: {type: pages}\n", "2: paginate.type: "),
     ("source: {type: flat_file, path: urls.txt}\npoliteness: {delay: soon}\n", "2: politeness.delay: "),
     ("source: {type: flat_file, path: urls.txt}\npoliteness: {per_domain: -1}\n", "2: politeness.per_domain: expected 0 (no limit) or more"),
     ("source: {type: flat_file, path: urls.txt}\npoliteness: {bandwidth: {dayly: 1GB}}\n", "2: politeness.bandwidth.dayly: unknown key (did you mean 'daily'?)"),
@@ -141,3 +141,19 @@ def test_politeness_section_obeys_robots_by_default(tmp_path: Path) -> None:
     assert load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\npoliteness: {}\n")).robots
     recipe = load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\npoliteness: {robots: false, robots_expiry: 1h}\n"))
     assert (recipe.robots, recipe.robots_expiry) == (False, 3600.0)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("paginate: {type: max_id, id_path: '$[['}\n", ":2: paginate: id_path: bad JSON path"),
+    ("reschedule: {type: rate, target_items: 0}\n", ":2: reschedule: target_items must be 1 or more"),
+    ("reschedule: {type: rate, min_delay: 1d, max_delay: 1h}\n", ":2: reschedule: expected 0 < min_delay <= max_delay"),
+])
+def test_bad_pagination_and_rescheduling_options_name_file_line_and_key(tmp_path: Path, text: str, fragment: str) -> None:
+    from scrapekit.runner import build
+
+    recipe = load_recipe(write(tmp_path, "source: {type: flat_file, path: urls.txt}\n" + text))
+    spec = recipe.paginate or recipe.reschedule
+    assert spec is not None
+    with pytest.raises(RecipeError) as info:
+        build(spec, recipe)
+    assert fragment in str(info.value)
