@@ -189,6 +189,7 @@ def _status(r: Recipe) -> dict[str, Any]:
         "rate": stats.get("rate", 0.0) if pid else 0.0, "rate_avg": stats.get("rate_avg", 0.0),
         "updated_at": stats.get("updated_at"), "stop_reason": None if pid else stats.get("stop_reason"),
         "bandwidth": stats.get("bandwidth"), "politeness": stats.get("politeness"),
+        "next_due": stats.get("next_due") or [],
     }
 
 
@@ -223,6 +224,9 @@ def _politeness_text(s: dict[str, Any]) -> str:
     if s["running"] and bandwidth.get("paused_until"):
         until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bandwidth["paused_until"]))
         lines.append(f"  PAUSED: bandwidth limit reached, until {until}")
+    if s["next_due"]:
+        lines.append("  next due: " + ", ".join(
+            f"{d['key']} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(d['at']))}" for d in s["next_due"][:5]))
     paused = (s.get("politeness") or {}).get("paused_domains") or {}
     if s["running"] and paused:
         shown = ", ".join(f"{domain} ({left:.0f}s)" for domain, left in sorted(paused.items())[:10])

@@ -1,0 +1,93 @@
+"""Recurring resources on a fake clock: a periodic source revisits each job when it is due and
+idles in between; seed identifiers fill a URL template; the schedule survives a restart."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from scrapekit import cli
+from scrapekit.recipe import load_recipe
+from scrapekit.runner import Runner
+from scrapekit.sources.flatfile import FlatFileSource, PeriodicSource
+
+from .conftest import FakeClock
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def stats(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "stats.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_template_fills_identifiers_and_fields_into_urls(tmp_path: Path) -> None:
+    seeds = tmp_path / "ids.txt"
+    seeds.write_text("# users\n42\n7\tshop\tnote\n{\"id\": \"a b\", \"lang\": \"en\"}\n{\"lang\": \"fr\"}\n")
+    source = FlatFileSource(seeds, kind="resource", template="http://api.example.org/users/{id}.json")
+    got = [request for request, _ in source.requests(None)]
+    assert [r.url for r in got] == ["http://api.example.org/users/42.json", "http://api.example.org/users/7.json",
+                                    "http://api.example.org/users/a%20b.json"]
+    assert got[1].meta == {"id": "7", "fields": ["shop", "note"]} and got[0].kind == "resource"
+    assert got[2].meta["fields"] == {"id": "a b", "lang": "en"}  # the line without an id was skipped
+    named = FlatFileSource(seeds, template="http://h/{lang}/{id}")
+    assert [r.url for r, _ in named.requests(None)] == ["http://h/en/a%20b"]  # others lack "lang"
+
+
+def test_a_periodic_source_stamps_its_interval_unless_a_line_has_one(tmp_path: Path) -> None:
+    seeds = tmp_path / "jobs.jsonl"
+    seeds.write_text('{"url": "http://h/a"}\n{"url": "http://h/b", "meta": {"every": "10m"}}\n')
+    got = [r.meta["every"] for r, _ in PeriodicSource(seeds, every=30.0).requests(None)]
+    assert got == [30.0, "10m"]
+
+
+def test_periodic_jobs_are_revisited_when_due_and_the_run_idles_in_between(tmp_path: Path, site) -> None:
+    clock = FakeClock()
+    urls = [f"{site.url}/page/{n}" for n in range(3)]
+    (tmp_path / "jobs.txt").write_text("\n".join(urls) + "\n")
+    path = tmp_path / "r.yaml"
+    path.write_text("name: every\nwork_dir: work\nsource: {type: periodic, path: jobs.txt, every: 10m}\n"
+                    "politeness: {allow_private: true, robots: false}\n")
+    run_dir = tmp_path / "work" / "every"
+    runner = Runner(load_recipe(path), clock=clock)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: stats(run_dir).get("done") == 3 and stats(run_dir)["queue"]["delayed"] == 3)
+        time.sleep(0.5)  # nothing is due: nothing is fetched again
+        assert all(site.hits_snapshot()[f"/page/{n}"] == 1 for n in range(3))
+        due = stats(run_dir)["next_due"]
+        assert [d["at"] for d in due] == [clock.time() + 600.0] * 3
+        shown = CliRunner().invoke(cli.main, ["status", str(path)])
+        assert "next due:" in shown.output and "/page/0" in shown.output
+        clock.advance(601)
+        wait_for(lambda: stats(run_dir).get("done") == 6)
+        assert all(site.hits_snapshot()[f"/page/{n}"] == 2 for n in range(3))
+    finally:
+        runner.stop_reason = "signal"
+        thread.join(timeout=30)
+
+    # After a restart the jobs keep their due times: nothing is fetched before they are due.
+    runner = Runner(load_recipe(path), clock=clock)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: stats(run_dir).get("running"))
+        time.sleep(0.5)
+        assert all(site.hits_snapshot()[f"/page/{n}"] == 2 for n in range(3))
+        clock.advance(601)
+        wait_for(lambda: all(site.hits_snapshot()[f"/page/{n}"] == 3 for n in range(3)))
+    finally:
+        runner.stop_reason = "signal"
+        thread.join(timeout=30)
