@@ -13,6 +13,7 @@ KINDS = ("sources", "queues", "fetchers", "parsers", "strategies", "paginators",
 BUILTINS: dict[str, dict[str, str]] = {
     "sources": {
         "flat_file": "scrapekit.sources.flatfile:FlatFileSource",
+        "generator": "scrapekit.sources.generator:GeneratorSource",
         "periodic": "scrapekit.sources.flatfile:PeriodicSource",
     },
     "queues": {
@@ -44,6 +45,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     "stores": {
         "chunked_tsv": "scrapekit.stores.chunked:ChunkedTsvStore",
         "jsonl": "scrapekit.stores.chunked:JsonlStore",
+        "leveldb": "scrapekit.stores.keyvalue:LevelDbStore",
     },
 }
 

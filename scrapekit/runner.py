@@ -105,7 +105,7 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
             with queue.transaction() as tx:  # known to recovery before its first row
                 tx.set_state(state_name, checkpoint)
 
-        store = build(spec, recipe, out_dir=out_dir, name=recipe.name, clock=clock, on_open=on_open)
+        store = build(spec, recipe, out_dir=out_dir, name=recipe.name, clock=clock, on_open=on_open, state=state)
         if isinstance(store, Checkpointed):
             store.recover(queue.get_state(state_name))
             # Seal only on a clean stop: after a failure the chunk may hold rows of unacked jobs,
@@ -128,6 +128,7 @@ class Outcome:
     rejected: Counter[str] = field(default_factory=Counter)
     digest: str = ""  # of the body, for content dedupe when following links
     crawl_delay: float | None = None  # asked by the host's robots.txt
+    lookup: str = ""  # "hit" or "miss" of a read-through cache, "skipped" by a conditional store
     pages: tuple[Response, ...] = ()  # every page of a paginated visit, the first being ``response``
     resource: dict[str, Any] | None = None  # the resource's state after this visit
     reschedule: float | None = None  # seconds until the next visit of a recurring resource
@@ -190,6 +191,7 @@ class Runner:
             self.parts = parts
             totals = parts.queue.get_state("stats")
             self.stats = Stats(totals, self.monotonic)
+            self._has_cache = any(getattr(store, "mode", "") == "cache" for _, store in parts.stores)
             self.bandwidth = Bandwidth(recipe.bandwidth_daily, recipe.bandwidth_monthly,
                                        parts.queue.get_state("bandwidth"))
             self._install_signals(stack)
@@ -435,6 +437,16 @@ class Runner:
     def _process(self, parts: Parts, job: Job) -> Outcome:
         request = job.request
         try:
+            for _, store in parts.stores:
+                mode = getattr(store, "mode", "store")
+                if mode == "conditional" and request.key in store:  # type: ignore[operator]
+                    skipped = Response(request, 0, "already stored", fetched_at=self.clock())
+                    return Outcome(job, skipped, [], [], lookup="skipped")
+                if mode == "cache":
+                    cached = store.cached(request, self.clock())  # type: ignore[attr-defined]
+                    if cached is not None:
+                        items, links = parts.parser.parse(cached) if parts.parser is not None else ([], [])
+                        return Outcome(job, cached, items, links, lookup="hit")
             verdict = parts.robots.check(request.url) if parts.robots is not None else None
             crawl_delay = None if verdict is None else verdict.crawl_delay
             refusal = None if verdict is None or verdict.allowed else self._robots_refusal(request, verdict)
@@ -509,7 +521,7 @@ class Runner:
                 decisions[i] = Decision("duplicate")
                 continue
             seen.add(key)
-            if decision.action == "retry":
+            if decision.action == "retry" or outcome.lookup == "skipped":
                 continue
             for state_name, store in parts.stores:
                 if store.records == "pages":
@@ -564,6 +576,10 @@ class Runner:
                     stats.count("done" if response.error is None else "failed")
                     if response.error is not None:
                         log.info("failed: %s %s %s", loggable(job.request.url), response.status, response.error)
+                if outcome.lookup:
+                    stats.count({"hit": "cache_hits", "skipped": "skipped"}[outcome.lookup])
+                elif self._has_cache:
+                    stats.count("cache_misses")
                 stats.count("items", len(outcome.items))
                 stats.count("bytes", sum(len(r.body) for r in outcome.responses))
                 stats.statuses[str(response.status)] += 1

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-TOTALS = ("done", "failed", "buried", "retries", "items", "bytes")
+TOTALS = ("done", "failed", "buried", "retries", "items", "bytes", "cache_hits", "cache_misses", "skipped")
 
 
 class Stats:
