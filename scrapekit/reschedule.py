@@ -67,8 +67,9 @@ class RateRescheduler:
     The observed rate of a visit is its new items over the time since the last visit. It is
     smoothed (RISING_WEIGHT, FALLING_WEIGHT) and the next delay is ``target_items / rate``,
     clamped to [min_delay, max_delay]. Rates well below one item per second work (a float, never
-    truncated). The first visit, a visit with no time since the last one, or a clock that went
-    backwards gives no rate: the delay is then min_delay and the smoothed rate is kept.
+    truncated). The first visit waits min_delay; a visit with no time since the last one, or a
+    clock that went backwards, keeps the smoothed rate. A resource that never had a new item
+    waits twice its last interval each time (from min_delay up to max_delay).
     """
 
     def __init__(self, target_items: int = 1000, min_delay: Seconds = Seconds(5.0),
@@ -89,7 +90,12 @@ class RateRescheduler:
             observed = new_items / span
             weight = RISING_WEIGHT if observed >= state.rate else FALLING_WEIGHT
             state.rate += weight * (observed - state.rate)
-        wait = self.target_items / state.rate if state.rate > 0 else self.min_delay
+        if state.rate > 0:
+            wait = self.target_items / state.rate
+        elif state.visits:  # nothing new ever seen: back off, twice the last interval
+            wait = 2 * (state.next_visit - state.last_visit)
+        else:
+            wait = self.min_delay
         wait = min(self.max_delay, max(self.min_delay, wait))
         state.items += new_items
         state.visits += 1

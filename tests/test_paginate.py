@@ -162,3 +162,10 @@ def test_every_and_the_state_round_trip() -> None:
     again = ResourceState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert again == state and again.next_visit == 160.0
     assert ResourceState.from_dict({"rate": "fast"}) == ResourceState()  # unreadable: start afresh
+
+
+def test_a_resource_with_nothing_new_backs_off_twice_as_long_each_visit() -> None:
+    rescheduler = RateRescheduler(target_items=10, min_delay=5.0, max_delay=60.0)
+    state = ResourceState()
+    waits = [rescheduler.delay(state, 0, t, "quiet") for t in (0.0, 5.0, 15.0, 35.0, 75.0, 135.0)]
+    assert waits == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
