@@ -28,6 +28,8 @@ BUILTINS: dict[str, dict[str, str]] = {
         "html": "scrapekit.parsers:HtmlParser",
         "raw": "scrapekit.parsers:RawParser",
         "focus": "scrapekit.focus:FocusParser",
+        "json": "scrapekit.jsonparser:JsonParser",
+        "feed": "scrapekit.feedparse:FeedParser",
     },
     "strategies": {
         "follow_links": "scrapekit.crawl:FollowLinks",

@@ -230,7 +230,7 @@ def test_a_bad_focus_option_names_file_line_and_key(tmp_path: Path, option: str,
 
 
 def test_the_example_recipe_collects_each_feed_and_account_once(tmp_path: Path, site: DemoSite) -> None:
-    shutil.copy(ROOT / "recipes" / "focus.yaml", tmp_path)
+    (tmp_path / "focus.yaml").write_text("work_dir: work\n" + (ROOT / "recipes" / "focus.yaml").read_text())
     seeds = (ROOT / "recipes" / "focus-urls.txt").read_text()
     assert "http://127.0.0.1:8765/blog/" in seeds
     (tmp_path / "focus-urls.txt").write_text(seeds.replace("http://127.0.0.1:8765", site.url))

@@ -91,3 +91,35 @@ def test_periodic_jobs_are_revisited_when_due_and_the_run_idles_in_between(tmp_p
     finally:
         runner.stop_reason = "signal"
         thread.join(timeout=30)
+
+
+def test_bad_answers_keep_a_resource_scheduled_and_stop_nothing(tmp_path: Path, site, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="scrapekit")
+    clock = FakeClock()
+    urls = [f"{site.url}/api/broken.json", f"{site.url}/api/missing-id.json",
+            f"{site.url}/api/retry-after?value=-5", f"{site.url}/api/retry-after?value=999999999"]
+    (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
+    path = tmp_path / "r.yaml"
+    path.write_text("name: bad\nwork_dir: work\nsource: {type: flat_file, path: urls.txt, kind: resource}\n"
+                    "parse: {type: json, items: {each: '$.items[*]', fields: {id: '$.id'}}}\n"
+                    "reschedule: {type: rate, target_items: 10, min_delay: 1m, max_delay: 1d}\n"
+                    "politeness: {allow_private: true, robots: false}\n")
+    run_dir = tmp_path / "work" / "bad"
+    runner = Runner(load_recipe(path), clock=clock)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: stats(run_dir).get("done") == 2 and stats(run_dir).get("retries") == 2)
+        time.sleep(0.3)
+        now = stats(run_dir)
+        assert now["running"] and now["buried"] == 0 and now["failed"] == 0
+        assert now["queue"]["delayed"] == 4  # two rescheduled, two waiting to be retried
+        assert {d["key"].rsplit("/", 1)[1] for d in now["next_due"]} == {"broken.json", "missing-id.json"}
+    finally:
+        runner.stop_reason = "signal"
+        thread.join(timeout=30)
+    assert "retry in 86400.0s" in caplog.text  # an absurd Retry-After is capped at a day
+    assert "retry in 2.0s" in caplog.text  # a negative one is ignored: the 503 backoff applies
+    assert "resched" in caplog.text

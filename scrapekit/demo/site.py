@@ -1,11 +1,15 @@
-"""The bundled local site: a bookshop for the demo recipe, plus the hostile routes the tests need
-(slow, huge, gzip bomb, redirect loop, error statuses with Retry-After, wrong charset).
+"""The bundled local site: a bookshop for the demo recipe, growing timelines with a JSON API and
+feeds, plus the hostile routes the tests need (slow, huge, gzip bomb, redirect loop, error
+statuses with Retry-After, wrong charset, broken JSON, HTML served as RSS).
 Loopback only; ``python -m scrapekit.demo.site --port 8765`` serves it until stopped."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import math
+import re
 import signal
 import socket
 import struct
@@ -16,6 +20,8 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import format_datetime
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import IPv4Address, ip_address
@@ -258,6 +264,252 @@ def _blog_feed(call: _Call) -> _Reply:
     return _not_found()
 
 
+# -- growing timelines: a JSON API, its paged listings and its feeds (algorithmic scraping) -----
+#
+# Every answer is a function of the path, the query and ``site.now()``, so a test that sets
+# ``site.now`` to a fake clock sees the timelines grow exactly as it moves the clock.
+
+TIMELINE_EPOCH = 1_800_000_000
+"""Post ``k`` of a user (k = 1, 2, ...) appears at ``TIMELINE_EPOCH + k * rate``. The epoch is
+2027-01-15T08:00:00Z: on the real clock every timeline is empty until then."""
+TIMELINE_RATES: Mapping[str, int] = {"fast": 1, "slow": 60, "rare": 3600}
+"""User name -> seconds between two posts; any other name posts every TIMELINE_DEFAULT_RATE."""
+TIMELINE_DEFAULT_RATE = 10
+TIMELINE_COUNT = 20
+TIMELINE_MAX_COUNT = 200
+FEED_ENTRIES = 20
+LISTING_TOTAL = 95
+LISTING_PER_PAGE = 10
+LISTING_MAX_PER_PAGE = 100
+BASE62 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+"""The digits of short codes, in order of value."""
+_MAX_CODE = 64
+_USER = re.compile(r"[A-Za-z0-9_-]{1,40}")
+
+
+def timeline_rate(user: str) -> int:
+    """Seconds between two posts of ``user``."""
+    return TIMELINE_RATES.get(user, TIMELINE_DEFAULT_RATE)
+
+
+def newest_post(user: str, now: float) -> int:
+    """The id of ``user``'s newest post at ``now``; 0 before the first."""
+    return max(0, math.floor((now - TIMELINE_EPOCH) / timeline_rate(user)))
+
+
+def _posted_at(user: str, post: int) -> datetime:
+    return datetime.fromtimestamp(TIMELINE_EPOCH + post * timeline_rate(user), timezone.utc)
+
+
+def _post_text(user: str, post: int) -> str:
+    return f"{user} #{post}: " + " ".join(_WORDS[(post * 3 + i) % len(_WORDS)] for i in range(8))
+
+
+def _post(user: str, post: int) -> dict[str, Any]:
+    created = _posted_at(user, post).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"id": post, "text": _post_text(user, post), "user": user, "created_at": created,
+            "url": f"/post/{user}/{post}"}
+
+
+def _query_int(call: _Call, name: str, default: int) -> int:
+    """The whole number ``name`` of the query, ``default`` when absent; ValueError (a 400) if malformed."""
+    text = call.query.get(name)
+    if text is None:
+        return default
+    value = _number(text)
+    if value is None:
+        raise ValueError(f"{name} must be a whole number")
+    return value
+
+
+def _json_reply(data: Any, headers: Mapping[str, str] = _JSON, status: int = 200) -> _Reply:
+    return _reply(status, json.dumps(data).encode(), headers)
+
+
+def _user_of(name: str, suffix: str) -> str | None:
+    """The user of ``<user><suffix>``, None for any other name (a 404)."""
+    user = name.removesuffix(suffix)
+    return user if name == user + suffix and _USER.fullmatch(user) else None
+
+
+def _timeline(call: _Call) -> _Reply:
+    """``/api/timeline/<user>.json?max_id=X&since_id=Y&count=N``: the user's posts with
+    since_id < id < max_id, newest first, at most count (default 20, at most 200), and
+    ``next_max_id`` (the lowest id given) when older ones remain. A post is
+    ``{"id", "text", "user", "created_at", "url"}``, its url relative (``/post/<user>/<id>``)."""
+    user = _user_of(call.args[1], ".json") if call.args[0] == "timeline" else None
+    if user is None:
+        return _not_found()
+    count = _query_int(call, "count", TIMELINE_COUNT)
+    if count < 1:
+        raise ValueError("count must be 1 or more")
+    since_id = max(_query_int(call, "since_id", 0), 0)
+    newest = newest_post(user, call.site.now())
+    if "max_id" in call.query:
+        newest = min(newest, _query_int(call, "max_id", 0) - 1)
+    posts = range(newest, max(newest - min(count, TIMELINE_MAX_COUNT), since_id), -1)
+    data: dict[str, Any] = {"items": [_post(user, post) for post in posts]}
+    if posts and posts[-1] > since_id + 1:
+        data["next_max_id"] = posts[-1]
+    return _json_reply(data)
+
+
+def _listing_item(n: int) -> dict[str, Any]:
+    return {"id": n, "title": _title(n)}
+
+
+def _page_size(call: _Call) -> int:
+    per_page = _query_int(call, "per_page", LISTING_PER_PAGE)
+    if not 1 <= per_page <= LISTING_MAX_PER_PAGE:
+        raise ValueError(f"per_page must be 1 to {LISTING_MAX_PER_PAGE}")
+    return per_page
+
+
+def _api_list(call: _Call) -> _Reply:
+    """``/api/list?page=N&per_page=K``: page N (from 1) of LISTING_TOTAL items, a ``Link`` header
+    to the next page when there is one; pages past the end are empty."""
+    page, per_page = _query_int(call, "page", 1), _page_size(call)
+    if page < 1:
+        raise ValueError("page must be 1 or more")
+    start = (page - 1) * per_page
+    items = [_listing_item(n) for n in range(start + 1, min(start + per_page, LISTING_TOTAL) + 1)]
+    headers = dict(_JSON)
+    if start + per_page < LISTING_TOTAL:
+        next_page = f"{_origin(call)}/api/list?page={page + 1}&per_page={per_page}"
+        headers["Link"] = _header_value(f'<{next_page}>; rel="next"')
+    return _json_reply({"items": items, "page": page, "per_page": per_page, "total": LISTING_TOTAL}, headers)
+
+
+def cursor_token(offset: int) -> str:
+    """The opaque ``cursor`` of ``/api/cursor`` that starts at item ``offset`` (from 0)."""
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode().rstrip("=")
+
+
+def _cursor_offset(token: str) -> int:
+    """The offset in ``token``; ValueError (a 400) for a token cursor_token did not make
+    (binascii.Error and UnicodeDecodeError are ValueErrors too)."""
+    text = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True).decode()
+    offset = _number(text.removeprefix("offset:")) if text.startswith("offset:") else None
+    if offset is None or offset < 0:
+        raise ValueError("bad cursor")
+    return offset
+
+
+def _api_cursor(call: _Call) -> _Reply:
+    """``/api/cursor?cursor=TOKEN&per_page=K``: the same items as ``/api/list``, paged by an opaque
+    cursor; ``next_cursor`` is absent on the last page."""
+    token = call.query.get("cursor")
+    start, per_page = 0 if token is None else _cursor_offset(token), _page_size(call)
+    end = min(start + per_page, LISTING_TOTAL)
+    data: dict[str, Any] = {"items": [_listing_item(n) for n in range(start + 1, end + 1)]}
+    if end < LISTING_TOTAL:
+        data["next_cursor"] = cursor_token(end)
+    return _json_reply(data)
+
+
+def _api_broken(call: _Call) -> _Reply:
+    return _reply(200, b'{"items": [{"id": 1, "text": "one"}, {"id": 2, "te', _JSON)
+
+
+def _api_missing_id(call: _Call) -> _Reply:
+    items = [{"text": "no id here"}, {"text": "a null id", "id": None}, {"text": "an id in a list", "id": [3]}]
+    return _json_reply({"items": items})
+
+
+def _api_retry_after(call: _Call) -> _Reply:
+    """503 with ``Retry-After`` set to the ``value`` of the query as given (a 400 without one)."""
+    if "value" not in call.query:
+        raise ValueError("value is required")
+    headers = {**_TEXT, "Retry-After": _header_value(call.query["value"])}
+    return _reply(503, b"retry later\n", headers)
+
+
+_API_ROUTES: dict[str, Route] = {
+    "list": _api_list,
+    "cursor": _api_cursor,
+    "broken.json": _api_broken,
+    "missing-id.json": _api_missing_id,
+    "retry-after": _api_retry_after,
+}
+
+
+def _api(call: _Call) -> _Reply:
+    return _API_ROUTES.get(call.args[0], _not_found)(call)
+
+
+def _post_guid(user: str, post: int) -> str:
+    return f"urn:scrapekit-demo:{user}:{post}"
+
+
+def _feed_xml(call: _Call, user: str, atom: bool) -> _Reply:
+    """RSS 2.0 or Atom of ``user``'s FEED_ENTRIES newest posts, newest first."""
+    origin = escape(_origin(call))
+    newest = newest_post(user, call.site.now())
+    posts = range(newest, max(newest - FEED_ENTRIES, 0), -1)
+    updated = _posted_at(user, newest)
+    if atom:
+        entries = "".join(
+            f"<entry><id>{_post_guid(user, n)}</id><title>{user} #{n}</title>"
+            f'<link href="{origin}/post/{user}/{n}"/><published>{_posted_at(user, n).isoformat()}</published>'
+            f"<updated>{_posted_at(user, n).isoformat()}</updated><summary>{_post_text(user, n)}</summary></entry>"
+            for n in posts)
+        xml = (f'<?xml version="1.0" encoding="utf-8"?>\n<feed xmlns="http://www.w3.org/2005/Atom">'
+               f"<id>urn:scrapekit-demo:{user}</id><title>Posts of {user}</title><updated>{updated.isoformat()}</updated>"
+               f'<link rel="self" href="{origin}/feed/{user}.atom"/>{entries}</feed>\n')
+        return _reply(200, xml.encode(), _ATOM)
+    items = "".join(
+        f"<item><title>{user} #{n}</title><link>{origin}/post/{user}/{n}</link>"
+        f'<guid isPermaLink="false">{_post_guid(user, n)}</guid>'
+        f"<pubDate>{format_datetime(_posted_at(user, n), usegmt=True)}</pubDate>"
+        f"<description>{_post_text(user, n)}</description></item>"
+        for n in posts)
+    xml = (f'<?xml version="1.0" encoding="utf-8"?>\n<rss version="2.0"><channel><title>Posts of {user}</title>'
+           f"<link>{origin}/api/timeline/{user}.json</link><description>The demo timeline of {user}</description>"
+           f"<lastBuildDate>{format_datetime(updated, usegmt=True)}</lastBuildDate>{items}</channel></rss>\n")
+    return _reply(200, xml.encode(), _RSS)
+
+
+def _feed(call: _Call) -> _Reply:
+    """``/feed/<user>.xml`` (RSS 2.0), ``/feed/<user>.atom`` (Atom), and ``/feed/not-xml.xml``: an
+    HTML page served as RSS."""
+    name = call.args[0]
+    if name == "not-xml.xml":
+        return _reply(200, b"<!DOCTYPE html>\n<html><head><title>Not a feed</title></head>"
+                           b"<body><p>An HTML page <b>served as RSS</p></body></html>\n", _RSS)
+    user = _user_of(name, ".atom")
+    if user is not None:
+        return _feed_xml(call, user, atom=True)
+    user = _user_of(name, ".xml")
+    return _not_found() if user is None else _feed_xml(call, user, atom=False)
+
+
+def _timeline_post(call: _Call) -> _Reply:
+    """``/post/<user>/<id>``: one post that exists by now."""
+    user, post = call.args[0], _number(call.args[1])
+    if not _USER.fullmatch(user) or post is None or not 1 <= post <= newest_post(user, call.site.now()):
+        return _not_found()
+    return _html(f"{user} #{post}", f"<p>{escape(_post_text(user, post))}</p>")
+
+
+def short_code_value(code: str) -> int | None:
+    """The integer a base-62 short code (BASE62 digits, at most 64) stands for; None for others."""
+    if not 1 <= len(code) <= _MAX_CODE or not all(char in BASE62 for char in code):
+        return None
+    value = 0
+    for char in code:
+        value = value * 62 + BASE62.index(char)
+    return value
+
+
+def _short_link(call: _Call) -> _Reply:
+    """``/s/<code>``: 301 to ``https://example.org/target/<code>`` when the code's value is
+    divisible by 3, else 404."""
+    value = short_code_value(call.args[0])
+    if value is None or value % 3:
+        return _not_found()
+    return _redirect(301, f"https://example.org/target/{call.args[0]}")
+
+
 # -- hostile and test routes -------------------------------------------------------------------
 
 
@@ -339,6 +591,11 @@ ROUTES: dict[tuple[str, int], Route] = {
     ("bad-encoding", 0): _bad_encoding,
     ("echo-headers", 0): _echo_headers,
     (HITS_PATH.strip("/"), 0): _hits,
+    ("api", 1): _api,
+    ("api", 2): _timeline,
+    ("feed", 1): _feed,
+    ("post", 2): _timeline_post,
+    ("s", 1): _short_link,
 }
 """(first path segment, number of segments after it) -> route; anything else is a 404.
 A malformed number in the query (``/slow?seconds=x``) is a 400."""
@@ -410,7 +667,8 @@ class DemoSite:
     The port is bound on construction, so ``url`` and ``port`` are known before ``start()``.
     ``close()`` stops the server and hangs up on open keep-alive connections. ``hits`` counts
     requests by path (query dropped); ``requests_log`` holds (method, path with query, headers,
-    client port) of every request, in order, unless ``log_requests`` is False.
+    client port) of every request, in order, unless ``log_requests`` is False. ``now`` is the
+    clock of the timeline routes (API, feeds, posts); a test sets it to a fake clock's ``time``.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, log_requests: bool = True) -> None:
@@ -428,6 +686,10 @@ class DemoSite:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._log_requests = log_requests
+        # The API routes' clock. Left alone, it starts at TIMELINE_EPOCH + 1 h when the site
+        # starts (fast has 3600 posts, slow 60, rare 1) and runs in real time; tests set a fake one.
+        started = time.time()
+        self.now: Callable[[], float] = lambda: TIMELINE_EPOCH + 3600.0 + (time.time() - started)
 
     def hits_snapshot(self) -> dict[str, int]:
         """A copy of the hit counts, consistent at one instant."""
