@@ -123,3 +123,55 @@ def test_bad_answers_keep_a_resource_scheduled_and_stop_nothing(tmp_path: Path, 
     assert "retry in 86400.0s" in caplog.text  # an absurd Retry-After is capped at a day
     assert "retry in 2.0s" in caplog.text  # a negative one is ignored: the 503 backoff applies
     assert "resched" in caplog.text
+
+
+def test_periodic_jobs_on_beanstalkd_are_released_with_a_delay_and_come_back(tmp_path: Path, site, beanstalkd) -> None:
+    urls = [f"{site.url}/page/{n}" for n in range(3)]
+    (tmp_path / "jobs.txt").write_text("\n".join(urls) + "\n")
+    path = tmp_path / "r.yaml"
+    path.write_text("name: bs\nwork_dir: work\nsource: {type: periodic, path: jobs.txt, every: 1s}\n"
+                    f"queue: {{type: beanstalk, url: '{beanstalkd.url}'}}\n"
+                    "politeness: {allow_private: true, robots: false}\n")
+    runner = Runner(load_recipe(path))  # beanstalkd keeps the delays itself: the real clock
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: all(site.hits_snapshot().get(f"/page/{n}", 0) >= 3 for n in range(3)))
+        assert stats(tmp_path / "work" / "bs")["failed"] == 0
+    finally:
+        runner.stop_reason = "signal"
+        thread.join(timeout=30)
+
+
+def test_resource_state_survives_kill_9(tmp_path: Path, site) -> None:
+    """The timeline example through the CLI, killed with SIGKILL after its first visits: the
+    restarted run goes on from each user's highest id, storing no item twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "recipes" / "timeline.yaml").read_text().replace("http://127.0.0.1:8765", site.url)
+    (tmp_path / "timeline.yaml").write_text("work_dir: work\n" + text)
+    (tmp_path / "timeline-users.txt").write_text("fast\nslow\n")
+    run_dir = tmp_path / "work" / "timeline"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "scrapekit", "run", "timeline.yaml", "--no-console"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    proc = start()
+    wait_for(lambda: stats(run_dir).get("done", 0) >= 2, timeout=60)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc = start()
+    wait_for(lambda: stats(run_dir).get("running") and stats(run_dir).get("done", 0) >= 4, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    items = [json.loads(line) for chunk in (run_dir / "out").glob("*/*.jsonl") for line in chunk.read_text().splitlines()]
+    keys = [(item["user"], item["id"]) for item in items]
+    assert len(keys) == len(set(keys))  # the restart did not store the first visit's items again
+    fast = sorted(i for user, i in keys if user == "fast")
+    assert 3301 <= fast[0] <= 3320 and fast == list(range(fast[0], fast[-1] + 1)) and fast[-1] > fast[0] + 300
