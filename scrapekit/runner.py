@@ -128,7 +128,7 @@ class Outcome:
     rejected: Counter[str] = field(default_factory=Counter)
     digest: str = ""  # of the body, for content dedupe when following links
     crawl_delay: float | None = None  # asked by the host's robots.txt
-    lookup: str = ""  # "hit" or "miss" of a read-through cache, "skipped" by a conditional store
+    lookup: str = ""  # "hit": answered by a read-through cache; "skipped": a conditional store holds it
     pages: tuple[Response, ...] = ()  # every page of a paginated visit, the first being ``response``
     resource: dict[str, Any] | None = None  # the resource's state after this visit
     reschedule: float | None = None  # seconds until the next visit of a recurring resource
@@ -546,7 +546,8 @@ class Runner:
         with parts.queue.transaction() as tx:
             for outcome, decision in zip(outcomes, decisions):
                 response, job = outcome.response, outcome.job
-                self.bandwidth.add(sum(len(r.body) for r in outcome.responses), now)  # every fetch
+                if outcome.lookup != "hit":  # every fetch counts, retried or not; the cache fetched nothing
+                    self.bandwidth.add(sum(len(r.body) for r in outcome.responses), now)
                 if decision.action == "duplicate":
                     tx.ack(job)
                     continue
