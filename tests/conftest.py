@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +46,14 @@ def site() -> Iterator[DemoSite]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -18,6 +18,8 @@ import pytest
 
 from scrapekit.stores.chunked import read_tsv
 
+from .conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,13 +44,6 @@ def recipe(tmp_path: Path, urls: list[str], extra: str = "") -> Path:
 
 def sealed_rows(tmp_path: Path) -> list:
     return [row for chunk in sorted((tmp_path / "work" / "t" / "out").glob("*/*.tsv")) for row in read_tsv(chunk)]
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def stats_done(tmp_path: Path) -> int:

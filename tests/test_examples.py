@@ -12,7 +12,7 @@ from scrapekit.recipe import load_recipe
 from scrapekit.runner import Runner
 from scrapekit.stores.chunked import read_tsv
 
-from .conftest import FakeClock
+from .conftest import FakeClock, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = "http://127.0.0.1:8765"
@@ -39,13 +39,6 @@ def test_the_spider_follows_five_generations_and_no_more(tmp_path: Path, site) -
     assert max(numbers) == 5000 and len(rows) == len(depths)  # one row per page
     generation_one = {url for url, depth in depths.items() if depth == 1}
     assert {int(u.rsplit("/", 1)[1]) for u in generation_one} == {1, 2, 3, 17, 1000}
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def read_stats(run_dir: Path) -> dict:

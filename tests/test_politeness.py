@@ -23,7 +23,7 @@ from scrapekit.politeness import Gate, domain_of
 from scrapekit.recipe import load_recipe
 from scrapekit.runner import Runner
 
-from .conftest import FakeClock
+from .conftest import FakeClock, wait_for
 
 
 def job(url: str, n: int = 0) -> Job:
@@ -276,13 +276,6 @@ def test_bandwidth_periods_roll_over_at_utc_midnight_and_month_end() -> None:
     again = Bandwidth(daily=0, monthly=5000, saved={"day": "2027-01-01", "day_bytes": 10, "month": "2027-01",
                                                       "month_bytes": 5000})
     assert again.paused_until(end_of_year + 86_400) == calendar.timegm((2027, 2, 1, 0, 0, 0))
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_a_run_pauses_at_its_daily_bandwidth_until_the_next_day_and_remembers_across_restarts(

@@ -15,14 +15,7 @@ from scrapekit.recipe import load_recipe
 from scrapekit.runner import Runner
 from scrapekit.sources.flatfile import FlatFileSource, PeriodicSource
 
-from .conftest import FakeClock
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from .conftest import FakeClock, wait_for
 
 
 def stats(run_dir: Path) -> dict:
