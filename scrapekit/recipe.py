@@ -150,6 +150,7 @@ class Recipe:
     max_seconds: float = 0.0
     progress_every: int = 100
     progress_interval: float = 30.0
+    stats_interval: float = 60.0
     robots: bool = False
     robots_expiry: float = 86_400.0
     polite: bool = False  # a politeness section: requests pass the per-domain gate
@@ -427,11 +428,13 @@ def load_recipe(path: str | Path) -> Recipe:
     if "politeness" in given:
         settings.update(_politeness(check, given["politeness"], base))
     if "log" in given:
-        logs = check.keys(given["log"], "log", ["progress_every", "progress_interval"])
+        logs = check.keys(given["log"], "log", ["progress_every", "progress_interval", "stats_interval"])
         if "progress_every" in logs:
             settings["progress_every"] = check.convert(logs["progress_every"], "log.progress_every", int, base)
         if "progress_interval" in logs:
             settings["progress_interval"] = check.convert(logs["progress_interval"], "log.progress_interval", Seconds, base)
+        if "stats_interval" in logs:
+            settings["stats_interval"] = check.convert(logs["stats_interval"], "log.stats_interval", Seconds, base)
 
     if check.errors:
         raise RecipeErrors(check.errors)

@@ -41,7 +41,7 @@ from .reschedule import MAX_GUIDS, EveryRescheduler, Rescheduler, ResourceState
 from .robots import RobotsCache, Verdict
 from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
-from .stats import Stats, write_json_atomic
+from .stats import Stats, append_snapshot, write_json_atomic
 from .stores import Checkpointed, Store
 from .units import format_size, parse_duration
 
@@ -170,6 +170,7 @@ class Runner:
         self._counts: dict[str, int] = {"ready": 0, "reserved": 0, "delayed": 0, "buried": 0, "done": 0}
         self._part_errors: deque[float] = deque()
         self._paused_until: float | None = None
+        self._next_snapshot = 0.0  # of the stats history in work/<name>/stats/
         self._schedule: dict[str, float] = {}  # recurring resource key -> next visit (wall clock)
         self._skim = 8 * recipe.concurrency  # jobs a dispatch round may put back (see _dispatch_gated)
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
@@ -674,6 +675,10 @@ class Runner:
         )
         try:
             write_json_atomic(self.recipe.run_dir / "stats.json", snapshot)
+            now = self.monotonic()
+            if now >= self._next_snapshot or not running:
+                self._next_snapshot = now + self.recipe.stats_interval
+                append_snapshot(self.recipe.run_dir / "stats", snapshot)
         except OSError as exc:
             log.warning("cannot write stats.json: %s", exc)
         if self.on_progress is not None:

@@ -80,6 +80,27 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def append_snapshot(stats_dir: Path, data: Mapping[str, Any]) -> None:
+    """Add ``data`` as one JSON line to ``stats_dir/YYYYmmdd.jsonl`` (the UTC day of its
+    ``updated_at``): the history ``scrapekit report`` draws."""
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    day = time.strftime("%Y%m%d", time.gmtime(float(data.get("updated_at") or time.time())))
+    with open(stats_dir / f"{day}.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+def read_snapshots(stats_dir: Path) -> list[dict[str, Any]]:
+    """Every snapshot in ``stats_dir``, oldest first; a torn last line (a crash) is skipped."""
+    snapshots = []
+    for path in sorted(stats_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                snapshots.append(dict(json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+    return snapshots
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path.read_text(encoding="utf-8")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import sys
 from collections import Counter
 from pathlib import Path
@@ -149,3 +150,21 @@ def test_a_long_fetch_keeps_its_beanstalkd_job(tmp_path: Path, site, beanstalkd)
     assert Runner(load_recipe(path)).run() == "done"
     assert site.hits["/slow"] == 1
     assert [r.status for r in rows(tmp_path)] == [200]
+
+
+def test_stats_snapshots_are_kept_as_json_lines_per_day(tmp_path: Path, site) -> None:
+    from scrapekit.stats import read_snapshots
+
+    urls = [f"{site.url}/slow?seconds=0.1&n={n}" for n in range(30)]
+    recipe = load_recipe(make_recipe(tmp_path, urls, extra="fetch: {concurrency: 2}\nlog: {stats_interval: 1s}\n"))
+    assert Runner(recipe).run() == "done"
+    files = list((recipe.run_dir / "stats").glob("*.jsonl"))
+    assert len(files) == 1 and files[0].name == time.strftime("%Y%m%d.jsonl", time.gmtime())
+    snapshots = read_snapshots(recipe.run_dir / "stats")
+    assert len(snapshots) >= 2  # one a second while running, and the last at the stop
+    done = [s["done"] for s in snapshots]
+    assert done == sorted(done) and done[-1] == 30 and snapshots[-1]["running"] is False
+    assert all({"rate", "queue", "statuses", "errors", "bandwidth", "updated_at"} <= set(s) for s in snapshots)
+    with open(files[0], "a") as torn:  # a crash mid-line leaves a torn last line: skipped
+        torn.write('{"done": 3')
+    assert len(read_snapshots(recipe.run_dir / "stats")) == len(snapshots)
