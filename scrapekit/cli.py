@@ -17,6 +17,7 @@ import click
 from . import __version__, control, logs
 from .errors import CIRCUIT_BREAKER_EXIT, AlreadyRunning, RecipeError, ScrapekitError
 from .recipe import PartSpec, Recipe, load_recipe, options_of
+from .report import write_report
 from .runner import Runner, build
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
@@ -232,6 +233,20 @@ def _politeness_text(s: dict[str, Any]) -> str:
         shown = ", ".join(f"{domain} ({left:.0f}s)" for domain, left in sorted(paused.items())[:10])
         lines.append(f"  domains paused after repeated failures: {shown}")
     return "".join(f"\n{line}" for line in lines)
+
+
+# -- report -----------------------------------------------------------------------------------
+
+@main.command()
+@click.argument("recipe")
+def report(recipe: str) -> None:
+    """Write an HTML page of RECIPE's stats history (charts and tables) to work/<name>/report.html; print its path."""
+    r = _recipe(recipe)
+    try:
+        path = write_report(r.run_dir, r.name)
+    except OSError as exc:
+        _fail(ScrapekitError(f"cannot write the report in {r.run_dir}: {exc.strerror or exc}"))
+    click.echo(str(path))
 
 
 # -- dump, load, kick -------------------------------------------------------------------------
