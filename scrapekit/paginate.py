@@ -9,7 +9,6 @@ the visit ends. So a crash mid-visit repeats the visit; it never leaves half a v
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -18,32 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
-from jsonpath_ng import JSONPath
-from jsonpath_ng.exceptions import JsonPathParserError
-from jsonpath_ng.ext.parser import parse as parse_jsonpath
-
+from .jsonparser import decode_json, json_values
 from .model import Request, Response
 from .reschedule import ResourceState
 
 log = logging.getLogger(__name__)
 
 _LINK_NEXT = re.compile(r'<([^>]*)>\s*;[^,]*\brel="?next"?', re.IGNORECASE)
-
-
-def compile_path(path: str, option: str) -> JSONPath:
-    """A JSON path; ValueError naming ``option`` when it does not parse."""
-    try:
-        return parse_jsonpath(path)
-    except (JsonPathParserError, Exception) as exc:  # the parser raises plain Exceptions too
-        raise ValueError(f"{option}: bad JSON path {path!r}: {exc}") from None
-
-
-def json_body(response: Response) -> Any | None:
-    """The decoded JSON body, None when it is not JSON."""
-    try:
-        return json.loads(response.body)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def with_param(url: str, name: str, value: str) -> str:
@@ -80,8 +60,8 @@ class _Paginator:
         if per_page < 0 or max_pages < 1:
             raise ValueError("per_page must be 0 (unknown) or more and max_pages 1 or more")
         self.param = param
-        self.items = compile_path(items_path, "items_path")
-        self.id_path = compile_path(id_path, "id_path") if id_path else None
+        self.items = json_values(items_path, "items_path")
+        self.id_path = json_values(id_path, "id_path") if id_path else None
         self.per_page = per_page
         self.max_pages = max_pages
         self.stop_on_duplicate = stop_on_duplicate
@@ -104,8 +84,8 @@ class _Paginator:
             if response.error is not None:
                 visit.stop = f"error {response.error}"
                 break
-            body = json_body(response)
-            count = len(self.items.find(body)) if body is not None else 0
+            body = decode_json(response)
+            count = len(self.items(body)) if body is not None else 0
             ids = self._ids(body)
             old = [i for i in ids if state.high is not None and i <= state.high]
             visit.ids.extend(ids)
@@ -134,9 +114,9 @@ class _Paginator:
         if self.id_path is None or body is None:
             return []
         ids = []
-        for match in self.id_path.find(body):
+        for value in self.id_path(body):
             try:
-                ids.append(int(match.value))
+                ids.append(int(value))
             except (TypeError, ValueError):
                 continue
         return ids
@@ -153,13 +133,13 @@ class PagePaginator(_Paginator):
                  items_path: str = "$.items[*]", id_path: str | None = None, total_path: str | None = None,
                  stop_on_duplicate: bool = False) -> None:
         super().__init__(param, items_path, id_path, per_page, max_pages, stop_on_duplicate)
-        self.total = compile_path(total_path, "total_path") if total_path else None
+        self.total = json_values(total_path, "total_path") if total_path else None
 
     def next_url(self, response: Response, body: Any, visit: Visit) -> str | None:
         if self.total is not None and body is not None:
-            found = self.total.find(body)
+            found = self.total(body)
             try:
-                if found and visit.page * self.per_page >= int(found[0].value):
+                if found and visit.page * self.per_page >= int(found[0]):
                     return None
             except (TypeError, ValueError):
                 pass
@@ -187,16 +167,16 @@ class NextLinkPaginator(_Paginator):
                  items_path: str = "$.items[*]", id_path: str | None = None,
                  stop_on_duplicate: bool = False) -> None:
         super().__init__("", items_path, id_path, per_page, max_pages, stop_on_duplicate)
-        self.link = compile_path(link_path, "link_path") if link_path else None
+        self.link = json_values(link_path, "link_path") if link_path else None
 
     def next_url(self, response: Response, body: Any, visit: Visit) -> str | None:
         match = _LINK_NEXT.search(response.headers.get("link", ""))
         if match:
             return urljoin(response.final_url, str(match.group(1)))
         if self.link is not None and body is not None:
-            found = self.link.find(body)
-            if found and isinstance(found[0].value, str) and found[0].value:
-                return urljoin(response.final_url, found[0].value)
+            found = self.link(body)
+            if found and isinstance(found[0], str) and found[0]:
+                return urljoin(response.final_url, found[0])
         return None
 
 
@@ -208,11 +188,11 @@ class CursorPaginator(_Paginator):
                  max_pages: int = 15, items_path: str = "$.items[*]", id_path: str | None = None,
                  stop_on_duplicate: bool = False) -> None:
         super().__init__(param, items_path, id_path, per_page, max_pages, stop_on_duplicate)
-        self.cursor = compile_path(cursor_path, "cursor_path")
+        self.cursor = json_values(cursor_path, "cursor_path")
 
     def next_url(self, response: Response, body: Any, visit: Visit) -> str | None:
-        found = self.cursor.find(body) if body is not None else []
-        token = found[0].value if found else None
+        found = self.cursor(body) if body is not None else []
+        token = found[0] if found else None
         if token is None or token == "":
             return None
         return with_param(response.request.url, self.param, str(token))
