@@ -19,6 +19,7 @@ import yaml
 
 from .errors import PartError, RecipeError, RecipeErrors
 from .registry import resolve
+from .statsd import parse_address
 from .units import Bytes, Seconds, parse_duration, parse_size
 
 INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "work_dir", "concurrency", "window",
@@ -151,6 +152,7 @@ class Recipe:
     progress_every: int = 100
     progress_interval: float = 30.0
     stats_interval: float = 60.0
+    statsd: tuple[str, int] | None = None
     robots: bool = False
     robots_expiry: float = 86_400.0
     polite: bool = False  # a politeness section: requests pass the per-domain gate
@@ -428,13 +430,18 @@ def load_recipe(path: str | Path) -> Recipe:
     if "politeness" in given:
         settings.update(_politeness(check, given["politeness"], base))
     if "log" in given:
-        logs = check.keys(given["log"], "log", ["progress_every", "progress_interval", "stats_interval"])
+        logs = check.keys(given["log"], "log", ["progress_every", "progress_interval", "stats_interval", "statsd"])
         if "progress_every" in logs:
             settings["progress_every"] = check.convert(logs["progress_every"], "log.progress_every", int, base)
         if "progress_interval" in logs:
             settings["progress_interval"] = check.convert(logs["progress_interval"], "log.progress_interval", Seconds, base)
         if "stats_interval" in logs:
             settings["stats_interval"] = check.convert(logs["stats_interval"], "log.stats_interval", Seconds, base)
+        if "statsd" in logs:
+            try:
+                settings["statsd"] = parse_address(logs["statsd"].value)
+            except ValueError as exc:
+                check.error(logs["statsd"].line, "log.statsd", str(exc))
 
     if check.errors:
         raise RecipeErrors(check.errors)

@@ -42,6 +42,7 @@ from .robots import RobotsCache, Verdict
 from .sources import Queue, Source, Transaction
 from .state import RunLock, StateDB
 from .stats import Stats, append_snapshot, write_json_atomic
+from .statsd import StatsdSender
 from .stores import Checkpointed, Store
 from .units import format_size, parse_duration
 
@@ -171,6 +172,7 @@ class Runner:
         self._part_errors: deque[float] = deque()
         self._paused_until: float | None = None
         self._next_snapshot = 0.0  # of the stats history in work/<name>/stats/
+        self._statsd: StatsdSender | None = None
         self._schedule: dict[str, float] = {}  # recurring resource key -> next visit (wall clock)
         self._skim = 8 * recipe.concurrency  # jobs a dispatch round may put back (see _dispatch_gated)
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
@@ -195,6 +197,9 @@ class Runner:
             self._has_cache = any(getattr(store, "mode", "") == "cache" for _, store in parts.stores)
             self.bandwidth = Bandwidth(recipe.bandwidth_daily, recipe.bandwidth_monthly,
                                        parts.queue.get_state("bandwidth"))
+            if recipe.statsd is not None:
+                self._statsd = StatsdSender(recipe.statsd, recipe.name)
+                stack.callback(self._statsd.close)
             self._install_signals(stack)
             threads = self._start_threads(parts)
             stack.callback(self._stop_threads, threads)
@@ -681,6 +686,8 @@ class Runner:
                 append_snapshot(self.recipe.run_dir / "stats", snapshot)
         except OSError as exc:
             log.warning("cannot write stats.json: %s", exc)
+        if self._statsd is not None:
+            self._statsd.send(snapshot)
         if self.on_progress is not None:
             self.on_progress(snapshot)
 

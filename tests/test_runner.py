@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scrapekit.errors import RecipeError
 from scrapekit.recipe import load_recipe
 from scrapekit.runner import Runner
 from scrapekit.stores.chunked import read_jsonl, read_tsv
@@ -168,3 +169,31 @@ def test_stats_snapshots_are_kept_as_json_lines_per_day(tmp_path: Path, site) ->
     with open(files[0], "a") as torn:  # a crash mid-line leaves a torn last line: skipped
         torn.write('{"done": 3')
     assert len(read_snapshots(recipe.run_dir / "stats")) == len(snapshots)
+
+
+def test_statsd_gets_the_counters_and_gauges_over_udp(tmp_path: Path, site) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        urls = [f"{site.url}/slow?seconds=0.05&n={n}" for n in range(20)]
+        recipe = load_recipe(make_recipe(tmp_path, urls, extra=f"fetch: {{concurrency: 2}}\nlog: {{statsd: '127.0.0.1:{port}'}}\n"))
+        assert Runner(recipe).run() == "done"
+        lines = []
+        while True:
+            try:
+                lines += listener.recv(2048).decode().splitlines()
+            except TimeoutError:
+                break
+    done = sum(int(line.split(":")[1].split("|")[0]) for line in lines if line.startswith("scrapekit.t.done:"))
+    assert done == 20
+    assert any(line.startswith("scrapekit.t.rate:") and line.endswith("|g") for line in lines)
+    assert any(line.startswith("scrapekit.t.queue.ready:") for line in lines)
+
+
+def test_a_bad_statsd_address_is_a_recipe_error(tmp_path: Path) -> None:
+    path = make_recipe(tmp_path, [], extra="log: {statsd: 'nowhere'}\n")
+    with pytest.raises(RecipeError, match=r":\d+: log.statsd: expected host:port"):
+        load_recipe(path)
