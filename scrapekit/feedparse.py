@@ -11,6 +11,7 @@ import io
 import logging
 import re
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -146,11 +147,14 @@ def entry_fields(entry: Mapping[str, Any], base: str) -> dict[str, Any]:
     absent or unreadable) and ``summary`` (feedparser's sanitised HTML)."""
     title, summary = _text(entry.get("title")), _text(entry.get("summary"))
     link = _absolute(_text(entry.get("link")), base)
+    with warnings.catch_warnings():  # feedparser warns of its own updated -> published fallback
+        warnings.simplefilter("ignore", DeprecationWarning)
+        published = entry.get("published_parsed") or entry.get("updated_parsed")
     return {
         "guid": _text(entry.get("id")) or link or _digest(title, summary),
         "title": title,
         "link": link,
-        "published": _iso(entry.get("published_parsed") or entry.get("updated_parsed")),
+        "published": _iso(published),
         "summary": summary,
     }
 
