@@ -21,7 +21,7 @@ from .report import write_report
 from .runner import Runner, build
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
-from .units import format_size
+from .units import format_size, utc_text
 
 log = logging.getLogger("scrapekit.cli")
 
@@ -223,11 +223,11 @@ def _politeness_text(s: dict[str, Any]) -> str:
         lines.append(f"  bandwidth {format_size(bandwidth['day_bytes'])} today (limit {size(bandwidth['daily_limit'])}), "
                      f"{format_size(bandwidth['month_bytes'])} this month (limit {size(bandwidth['monthly_limit'])})")
     if s["running"] and bandwidth.get("paused_until"):
-        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bandwidth["paused_until"]))
+        until = utc_text(bandwidth["paused_until"])
         lines.append(f"  PAUSED: bandwidth limit reached, until {until}")
     if s["next_due"]:
         lines.append("  next due: " + ", ".join(
-            f"{d['key']} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(d['at']))}" for d in s["next_due"][:5]))
+            f"{d['key']} at {utc_text(d['at'])}" for d in s["next_due"][:5]))
     paused = (s.get("politeness") or {}).get("paused_domains") or {}
     if s["running"] and paused:
         shown = ", ".join(f"{domain} ({left:.0f}s)" for domain, left in sorted(paused.items())[:10])

@@ -356,8 +356,8 @@ class HttpFetcher:
 
 
 def _proxy_url(url: str) -> str:
-    scheme = urlsplit(url).scheme
-    if scheme not in ("http", "https", "socks5", "socks5h", "socks4", "socks4a") or not urlsplit(url).hostname:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https", "socks5", "socks5h", "socks4", "socks4a") or not parts.hostname:
         raise ValueError(f"proxies: {loggable(url)!r} is not an http, https or socks5h proxy URL")
     return url
 

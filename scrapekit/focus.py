@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit
 
-from .links import LinkExtractor, canonicalize, registered_domain
+from .links import LinkExtractor, canonicalize, url_domain
 from .model import BadUrl, Item, Response
 from .parsers import Parsed
 
@@ -110,7 +110,7 @@ class FocusParser:
         order; nothing for non-HTML or empty bodies. Links that do not parse are skipped, never
         raised."""
         page = response.final_url
-        site = registered_domain(urlsplit(page).hostname or "")
+        site = url_domain(page)
         request = response.request
         items: dict[str, Item] = {}
         for kind, network, url, account in self._finds(response):

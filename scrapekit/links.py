@@ -137,7 +137,7 @@ class LinkFilter:
             return "denied"
         if self._allow and not any(p.search(url) for p in self._allow):
             return "not_allowed"
-        if self._same_domain and _domain(url) != _domain(parent.url):
+        if self._same_domain and url_domain(url) != url_domain(parent.url):
             return "other_domain"
         return None
 
@@ -150,8 +150,13 @@ def _split_canonical(url: str) -> tuple[str, str, str]:
     return netloc, "/" + path, query
 
 
-def _domain(url: str) -> str:
-    return registered_domain(urlsplit(url).hostname or "")
+def url_domain(url: str) -> str:
+    """The registered domain of ``url``'s host (see registered_domain); "" for a URL that does
+    not parse."""
+    try:
+        return registered_domain(urlsplit(url).hostname or "")
+    except ValueError:
+        return ""
 
 
 TRAP_REASONS = ("too_long", "repeated_segment", "repeated_param", "pattern_cap")

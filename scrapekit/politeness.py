@@ -18,9 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from .links import registered_domain
+from .links import url_domain
 from .model import Job, Response
 
 log = logging.getLogger(__name__)
@@ -37,15 +36,6 @@ _MIN_PUT_BACK = 0.1  # a job put back returns no sooner than this (and not in th
 _HOLD_AHEAD = 2.0  # a domain's jobs are held if they can start within this many seconds
 _SMOOTHING = 0.2  # weight of the newest fetch time in a domain's average
 _SPEED_UP = 0.9  # after a success a raised delay falls back towards the base by this factor
-
-
-def domain_of(url: str) -> str:
-    """The registered domain the gate keys ``url`` by (an IP address stands for itself)."""
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError:
-        host = ""
-    return registered_domain(host) or host
 
 
 @dataclass
@@ -104,7 +94,7 @@ class Gate:
         return max(domain.delay, share, _MIN_SPACING)
 
     def offer(self, job: Job, now: float) -> bool:
-        domain = self._domain(domain_of(job.request.url))
+        domain = self._domain(url_domain(job.request.url))
         self._job_domains[job.id] = domain.name
         spacing = self._spacing(domain)
         expected = max(now, self._start_time(domain)) + len(domain.held) * spacing

@@ -19,7 +19,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import FrameType
@@ -29,7 +28,7 @@ from . import control
 from .errors import RecipeError, ScrapekitError
 from .crawl import Strategy
 from .fetchers import Fetcher
-from .links import registered_domain
+from .links import url_domain
 from .logs import CONSOLE
 from .model import Item, Job, Request, Response, loggable
 from .parsers import Parser
@@ -44,7 +43,7 @@ from .state import RunLock, StateDB
 from .stats import Stats, append_snapshot, write_json_atomic
 from .statsd import StatsdSender
 from .stores import Checkpointed, Store
-from .units import format_size, parse_duration
+from .units import format_size, parse_duration, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +294,7 @@ class Runner:
         if until != self._paused_until:
             if until is not None:
                 log.warning("bandwidth limit reached (%s): paused until %s", self._bandwidth_text(),
-                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until)), extra=CONSOLE)
+                            utc_text(until), extra=CONSOLE)
             else:
                 log.warning("bandwidth: a new period began, resuming", extra=CONSOLE)
             self._paused_until = until
@@ -552,8 +551,9 @@ class Runner:
         with parts.queue.transaction() as tx:
             for outcome, decision in zip(outcomes, decisions):
                 response, job = outcome.response, outcome.job
+                nbytes = sum(len(r.body) for r in outcome.responses)
                 if outcome.lookup != "hit":  # every fetch counts, retried or not; the cache fetched nothing
-                    self.bandwidth.add(sum(len(r.body) for r in outcome.responses), now)
+                    self.bandwidth.add(nbytes, now)
                 if decision.action == "duplicate":
                     tx.ack(job)
                     continue
@@ -588,7 +588,7 @@ class Runner:
                 elif self._has_cache:
                     stats.count("cache_misses")
                 stats.count("items", len(outcome.items))
-                stats.count("bytes", sum(len(r.body) for r in outcome.responses))
+                stats.count("bytes", nbytes)
                 stats.statuses[str(response.status)] += 1
                 if response.error:
                     stats.errors[response.error] += 1
@@ -749,7 +749,7 @@ def _unique_key(state_name: str, key: str) -> str:
 
 
 def _content_key(outcome: Outcome) -> str:
-    return f"h/{registered_domain(urlsplit(outcome.job.request.url).hostname or '')}/{outcome.digest}"
+    return f"h/{url_domain(outcome.job.request.url)}/{outcome.digest}"
 
 
 def run_recipe(recipe: Recipe, **kwargs: Any) -> str:

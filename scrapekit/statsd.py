@@ -10,9 +10,10 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from .stats import TOTALS
+
 log = logging.getLogger(__name__)
 
-COUNTERS = ("done", "failed", "buried", "retries", "items", "bytes", "cache_hits", "cache_misses", "skipped")
 _MAX_DATAGRAM = 1400  # stay inside one Ethernet frame
 
 
@@ -35,7 +36,7 @@ class StatsdSender:
 
     def send(self, snapshot: Mapping[str, Any]) -> None:
         lines = []
-        for name in COUNTERS:
+        for name in TOTALS:
             value = int(snapshot.get(name, 0) or 0)
             delta = value - self._last.get(name, value)
             self._last[name] = value

@@ -4,6 +4,7 @@ that mark a constructor parameter as one of them."""
 from __future__ import annotations
 
 import re
+import time
 from typing import NewType
 
 Seconds = NewType("Seconds", float)
@@ -60,3 +61,8 @@ def format_size(n: int) -> str:
         if abs(size) < 1000:
             return f"{size:.1f}{unit}"
     return f"{size / 1000:.1f}TB"
+
+
+def utc_text(seconds: float) -> str:
+    """A time as logs and status show it: ``2026-11-23T12:00:00Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from scrapekit import cli
 
 from scrapekit.model import Job, Request, Response
-from scrapekit.politeness import Gate, domain_of
+from scrapekit.links import url_domain as domain_of
+from scrapekit.politeness import Gate
 from scrapekit.recipe import load_recipe
 from scrapekit.runner import Runner
 

@@ -4,9 +4,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol, runtime_checkable
 
 from ..model import Item, Response
+
+
+def stamp(seconds: float) -> str:
+    """A time as output records write it: ``YYYYmmddHHMMSS``, UTC."""
+    return time.strftime("%Y%m%d%H%M%S", time.gmtime(seconds))
 
 
 class Store(Protocol):

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Literal, Self
 from ..errors import StoreError
 from ..model import Item, Response
 from ..units import Bytes, Seconds
+from . import stamp
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,6 @@ def _json_object(data: bytes) -> dict[str, Any]:
 
 # -- records --------------------------------------------------------------------------------
 
-def _stamp(seconds: float) -> str:
-    return time.strftime("%Y%m%d%H%M%S", time.gmtime(seconds))
-
-
 def _json(value: Any, sort_keys: bool = False) -> bytes:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys, default=str)
     try:
@@ -153,11 +150,11 @@ def page_meta(response: Response) -> dict[str, Any]:
 
 def _tsv_line(record: Response | Item) -> bytes:
     if isinstance(record, Item):
-        fields = (b"item", record.url.encode(), _stamp(record.scraped_at).encode(), b"200", b"OK",
+        fields = (b"item", record.url.encode(), stamp(record.scraped_at).encode(), b"200", b"OK",
                   _json(dict(record.fields)), b"")
     else:
         request = record.request
-        fields = (request.kind.encode(), request.url.encode(), _stamp(record.fetched_at).encode(),
+        fields = (request.kind.encode(), request.url.encode(), stamp(record.fetched_at).encode(),
                   str(record.status).encode(), _reason(record).encode(),
                   _json(page_meta(record), sort_keys=True), record.body)
     return b"\t".join(escape_field(field) for field in fields) + b"\n"
@@ -165,11 +162,11 @@ def _tsv_line(record: Response | Item) -> bytes:
 
 def _jsonl_line(record: Response | Item) -> bytes:
     if isinstance(record, Item):
-        data = {**record.fields, "_url": record.url, "_key": record.key, "_scraped_at": _stamp(record.scraped_at)}
+        data = {**record.fields, "_url": record.url, "_key": record.key, "_scraped_at": stamp(record.scraped_at)}
     else:
         request = record.request
         data = {
-            "_url": request.url, "_key": request.key, "_scraped_at": _stamp(record.fetched_at),
+            "_url": request.url, "_key": request.key, "_scraped_at": stamp(record.fetched_at),
             "kind": request.kind, "status": record.status, "reason": _reason(record),
             "meta": page_meta(record), "length": len(record.body),
         }
@@ -310,7 +307,7 @@ class _ChunkWriter:
     def _open(self) -> _Chunk:
         now = self._clock()
         folder = self._out_dir / time.strftime("%Y%m%d", time.gmtime(now))
-        stem = f"{self._name}+{_stamp(now)}-{self._host}-{os.getpid()}"
+        stem = f"{self._name}+{stamp(now)}-{self._host}-{os.getpid()}"
         with _translated("create a chunk in", folder):
             folder.mkdir(parents=True, exist_ok=True)
             path = self._free_name(folder, stem)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator, Mapping
 from http import HTTPStatus
 from types import TracebackType
@@ -20,6 +19,7 @@ import plyvel
 from ..errors import StoreError
 from ..model import Item, Request, Response
 from ..state import StateDB
+from . import stamp
 
 PAGE_HEADERS = ("content-type", "content-length", "location", "last-modified", "etag")
 """The response headers a page record keeps (names lower-case); the rest are dropped."""
@@ -33,10 +33,6 @@ _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 
 
-def _stamp(seconds: float) -> str:
-    return time.strftime("%Y%m%d%H%M%S", time.gmtime(seconds))
-
-
 def _key(key: str) -> bytes:
     # surrogatepass: any str a parser makes a key of is stored, and items() gives it back as it was.
     return _RECORD + key.encode("utf-8", "surrogatepass")
@@ -44,7 +40,7 @@ def _key(key: str) -> bytes:
 
 def item_value(item: Item) -> dict[str, Any]:
     """What the store keeps of an Item: its fields plus ``_url`` and ``_scraped_at`` (YYYYmmddHHMMSS, UTC)."""
-    return {**item.fields, "_url": item.url, "_scraped_at": _stamp(item.scraped_at)}
+    return {**item.fields, "_url": item.url, "_scraped_at": stamp(item.scraped_at)}
 
 
 def page_value(response: Response) -> dict[str, Any]:
@@ -57,7 +53,7 @@ def page_value(response: Response) -> dict[str, Any]:
         "status": response.status,
         "reason": response.error or response.reason or _PHRASES.get(response.status, ""),
         "headers": {name: headers[name] for name in PAGE_HEADERS if name in headers},
-        "fetched_at": _stamp(response.fetched_at),
+        "fetched_at": stamp(response.fetched_at),
     }
     if response.truncated:
         value["truncated"] = True
