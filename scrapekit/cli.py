@@ -353,3 +353,7 @@ def _tail(path: Path, lines: int, follow: bool) -> None:
         except FileNotFoundError:
             pass
     handle.close()
+
+
+from .supervise import supervise as _supervise  # noqa: E402
+main.add_command(_supervise)
