@@ -19,9 +19,14 @@ from .errors import CIRCUIT_BREAKER_EXIT, AlreadyRunning, RecipeError, Scrapekit
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .report import write_report
 from .runner import Runner, build
+from .seed import dump_path
+from .shards import Shard, claim_layout, read_layout, workers_dir
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
 from .units import format_size, utc_text
+from .workers import WorkerPool
+from .workers import reshard as reshard_run
+from .workers import status as workers_status
 
 log = logging.getLogger("scrapekit.cli")
 
@@ -107,11 +112,34 @@ class _LiveLine:
 @main.command()
 @click.argument("recipe")
 @click.option("--detach", is_flag=True, help="Run in the background (like nohup); print the pid and return.")
-@click.option("--max-requests", type=click.IntRange(min=0), default=None, help="Stop after N requests end.")
+@click.option("--max-requests", type=click.IntRange(min=0), default=None,
+              help="Stop after N requests end (with workers: N per worker).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Run N worker processes sharing the recipe's beanstalkd queue, each owning the domains of one shard.")
+@click.option("--worker", "shard", default=None, metavar="I/N",
+              help="Run only worker I of N (from 0); how workers on other machines join a run.")
 @click.option("--no-console", is_flag=True, hidden=True)
-def run(recipe: str, detach: bool, max_requests: int | None, no_console: bool) -> None:
+def run(recipe: str, detach: bool, max_requests: int | None, workers: int | None, shard: str | None,
+        no_console: bool) -> None:
     """Run RECIPE in the foreground (progress on the terminal, logs under work/<name>/log/)."""
     r = _recipe(recipe)
+    if workers is not None:
+        if detach or shard:
+            _fail(ScrapekitError("--workers runs in the foreground; for the background use "
+                                 "'scrapekit supervise RECIPE --workers N', and --worker I/N for one worker"))
+        _run_workers(r, recipe, workers, max_requests)
+        return
+    try:
+        if shard is not None:
+            r = r.for_worker(Shard.parse(shard))
+            claim_layout(r.home, r.name, r.worker.count if r.worker else 1)
+        elif (laid_out := read_layout(r.home)) is not None:
+            raise ScrapekitError(f"{r.name} is laid out for {laid_out} workers: run it with --workers {laid_out} "
+                                 f"(or --worker I/{laid_out})")
+    except ValueError as exc:
+        _fail(ScrapekitError(f"--worker: {exc}"))
+    except ScrapekitError as exc:
+        _fail(exc)
     if detach:
         _detach(r, recipe, max_requests)
         return
@@ -149,6 +177,8 @@ def _detach(r: Recipe, recipe: str, max_requests: int | None) -> None:
     log_dir = logs.log_dir(r.run_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "scrapekit", "run", str(Path(recipe).resolve()), "--no-console"]
+    if r.worker is not None:
+        command += ["--worker", str(r.worker)]
     if max_requests is not None:
         command += ["--max-requests", str(max_requests)]
     with open(log_dir / "detached.out", "ab") as out:
@@ -164,6 +194,26 @@ def _detach(r: Recipe, recipe: str, max_requests: int | None) -> None:
     click.echo(f"started {r.name} in the background, pid {child.pid}\n"
                f"  pid file: {pid_file}\n  logs:     {log_dir} (scrapekit tail {recipe})\n"
                f"  output:   {r.run_dir / 'out'}\n  stop:     kill {child.pid}")
+
+
+def _run_workers(r: Recipe, recipe: str, count: int, max_requests: int | None) -> None:
+    try:
+        r.for_worker(Shard(0, count))  # a beanstalk queue, or a clear error
+        handlers = logs.configure(workers_dir(r.home), to_stderr=True)
+    except ScrapekitError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(ScrapekitError(f"cannot write to the work directory {r.home}: {exc.strerror or exc}"))
+    try:
+        code = WorkerPool(r, Path(recipe).resolve(), count, max_requests).run()
+    except ScrapekitError as exc:
+        _fail(exc)
+    finally:
+        logs.unconfigure(handlers)
+    s = workers_status(r, count)
+    click.echo(f"stopped: {count} workers, done {s['done']} failed {s['failed']} items {s['items']}\n"
+               f"  output: {r.out_dir}\n  logs:   {workers_dir(r.home)}/<i>/log/", err=True)
+    sys.exit(code)
 
 
 # -- status -----------------------------------------------------------------------------------
@@ -200,6 +250,13 @@ def _status(r: Recipe) -> dict[str, Any]:
 def status(recipe: str, as_json: bool) -> None:
     """Show RECIPE's queue and counters, whether or not it is running."""
     r = _recipe(recipe)
+    try:
+        count = read_layout(r.home)
+    except ScrapekitError as exc:
+        _fail(exc)
+    if count is not None:
+        _workers_status(r, count, as_json)
+        return
     s = _status(r)
     if as_json:
         click.echo(json.dumps(s, sort_keys=True))
@@ -211,6 +268,40 @@ def status(recipe: str, as_json: bool) -> None:
                + (f"\n  rate {s['rate']:.1f}/s  (average {s['rate_avg']:.1f}/s)" if s["running"]
                   else f"\n  last run's average rate {s['rate_avg']:.1f}/s")
                + _politeness_text(s))
+
+
+def _workers_status(r: Recipe, count: int, as_json: bool) -> None:
+    s = workers_status(r, count)
+    if as_json:
+        click.echo(json.dumps(s, sort_keys=True))
+        return
+    lines = [f"{r.name}: {s['running']} of {count} workers running, {s['rate']:.1f}/s",
+             f"  done {s['done']}  failed {s['failed']}  buried {s['buried']}  items {s['items']}  "
+             f"retries {s['retries']}"]
+    for w in s["workers"]:
+        if w["running"]:
+            state = f"pid {w['pid']}  up {_duration(w['uptime'])}  {w['rate']:.1f}/s"
+        else:
+            state = f"stopped ({w['stop_reason'] or 'unknown'})"
+        errors = sum(w["errors"].values())
+        line = f"  worker {w['worker']}: {state}  done {w['done']}  failed {w['failed']}  errors {errors}"
+        if w["current_domains"]:
+            line += "  now: " + ", ".join(w["current_domains"][:5]) + (" ..." if len(w["current_domains"]) > 5 else "")
+        lines.append(line)
+    if s["beanstalkd_error"]:
+        lines.append(f"  queue: {s['beanstalkd_error']}")
+    for tube, counts in s["tubes"].items():
+        lines.append(f"  tube {tube}: ready {counts['ready']}  reserved {counts['reserved']}  "
+                     f"delayed {counts['delayed']}  buried {counts['buried']}")
+    click.echo("\n".join(lines))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def _politeness_text(s: dict[str, Any]) -> str:
@@ -257,7 +348,7 @@ def _queue_command(r: Recipe, command: dict[str, Any]) -> dict[str, Any]:
     if running_pid(pid_file) is None:
         try:
             with RunLock(pid_file, r.name), StateDB(r.run_dir / "state") as state:
-                queue = build(r.queue, r, state=state, name=r.name)
+                queue = build(r.queue, r, state=state, name=r.name, shard=r.worker)
                 try:
                     result = control.execute(queue, command, r.run_dir)
                 finally:
@@ -270,17 +361,36 @@ def _queue_command(r: Recipe, command: dict[str, Any]) -> dict[str, Any]:
     return control.ask(r.run_dir, command)
 
 
+def _each_worker(r: Recipe) -> list[Recipe]:
+    """The recipe as each of its workers, or just the recipe when it runs as one process."""
+    count = read_layout(r.home)
+    return [r] if count is None else [r.for_worker(Shard(i, count)) for i in range(count)]
+
+
 @main.command()
 @click.argument("recipe")
 @click.argument("file", required=False)
 def dump(recipe: str, file: str | None) -> None:
     """Copy RECIPE's whole queue to FILE (default work/<name>/seed/<timestamp>.jsonl), leaving it intact."""
     r = _recipe(recipe)
-    command: dict[str, Any] = {"command": "dump", "path": str(Path(file).resolve()) if file else None}
+    path = Path(file).resolve() if file else dump_path(r.home)
     try:
-        result = _queue_command(r, command)
+        each = _each_worker(r)
+        if len(each) == 1:
+            result = _queue_command(r, {"command": "dump", "path": str(path)})
+        else:
+            result = {"count": 0, "path": str(path)}
+            parts = [path.with_name(f"{path.name}.w{w.worker.index if w.worker else 0}") for w in each]
+            for w, part in zip(each, parts):
+                result["count"] += _queue_command(w, {"command": "dump", "path": str(part)})["count"]
+            with open(path, "wb") as out:
+                for part in parts:
+                    out.write(part.read_bytes())
+                    part.unlink()
     except ScrapekitError as exc:
         _fail(exc)
+    except OSError as exc:
+        _fail(ScrapekitError(f"cannot write {path}: {exc.strerror or exc}"))
     click.echo(f"dumped {result['count']} jobs to {result['path']}")
 
 
@@ -294,7 +404,8 @@ def load(recipe: str, file: str) -> None:
     if not path.is_file():
         _fail(ScrapekitError(f"file not found: {path}"))
     try:
-        result = _queue_command(r, {"command": "load", "path": str(path)})
+        # With workers, worker 0 loads: it sends each job of another shard to that shard's inbox.
+        result = _queue_command(_each_worker(r)[0], {"command": "load", "path": str(path)})
     except ScrapekitError as exc:
         _fail(exc)
     click.echo(f"loaded {path}: added {result['added']}, skipped {result['skipped']} already queued or done, "
@@ -308,10 +419,31 @@ def kick(recipe: str, bound: int) -> None:
     """Move up to BOUND buried jobs of RECIPE back to ready (default: all)."""
     r = _recipe(recipe)
     try:
-        result = _queue_command(r, {"command": "kick", "bound": bound})
+        kicked = 0
+        for w in _each_worker(r):
+            kicked += _queue_command(w, {"command": "kick", "bound": bound - kicked})["kicked"]
+            if kicked >= bound:
+                break
     except ScrapekitError as exc:
         _fail(exc)
-    click.echo(f"kicked {result['kicked']} jobs")
+    click.echo(f"kicked {kicked} jobs")
+
+
+@main.command()
+@click.argument("recipe")
+@click.option("--workers", type=click.IntRange(min=1), required=True, help="The new number of workers.")
+def reshard(recipe: str, workers: int) -> None:
+    """Change the number of workers of RECIPE while none runs: dump every worker's queue, clear
+    the old tubes, share the seen-set, load the dump into the new shards."""
+    r = _recipe(recipe)
+    try:
+        r.for_worker(Shard(0, workers))
+        result = reshard_run(r, workers)
+    except ScrapekitError as exc:
+        _fail(exc)
+    click.echo(f"resharded {r.name} from {result['from']} to {result['to']} workers: {result['jobs']} jobs "
+               f"dumped to {result['dump']} and loaded ({result['added']} queued, {result['skipped']} already "
+               f"done); run it with --workers {workers}")
 
 
 # -- tail -------------------------------------------------------------------------------------

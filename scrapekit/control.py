@@ -21,15 +21,21 @@ def control_dir(run_dir: Path) -> Path:
     return run_dir / "control"
 
 
-def ask(run_dir: Path, command: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    """Leave ``command`` for the running process and wait for its answer."""
+def send(run_dir: Path, command: dict[str, Any]) -> Path:
+    """Leave ``command`` for the running process; returns the path its answer will have."""
     directory = control_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     name = uuid.uuid4().hex
     tmp = directory / f".{name}.tmp"
     tmp.write_text(json.dumps(command))
     os.replace(tmp, directory / f"{name}.json")
-    result = directory / f"{name}{_RESULT}"
+    return directory / f"{name}{_RESULT}"
+
+
+def ask(run_dir: Path, command: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    """Leave ``command`` for the running process and wait for its answer."""
+    result = send(run_dir, command)
+    directory, name = result.parent, result.name.removesuffix(_RESULT)
     deadline = time.monotonic() + timeout
     while not result.exists():
         if time.monotonic() > deadline:

@@ -5,6 +5,7 @@ parts and plugins are validated the same way; every error names file, line and k
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import difflib
 import inspect
 import re
@@ -19,11 +20,12 @@ import yaml
 
 from .errors import PartError, RecipeError, RecipeErrors
 from .registry import resolve
+from .shards import Shard, worker_dir
 from .statsd import parse_address
 from .units import Bytes, Seconds, parse_duration, parse_size
 
 INJECTED = frozenset({"state", "clock", "sleep", "out_dir", "name", "on_open", "work_dir", "concurrency", "window",
-                      "allow_private"})
+                      "allow_private", "shard"})
 """Constructor parameters the runner passes itself; a recipe cannot set them (but for
 ``concurrency``, a ``fetch`` key, ``window``, a ``source`` key, and ``allow_private``, a
 ``politeness`` key)."""
@@ -165,10 +167,33 @@ class Recipe:
     bandwidth_monthly: int = 0
     allow_private: bool = False
     part_errors: tuple[int, float] = (10, 60.0)
+    worker: Shard | None = None  # set by ``for_worker``: this process is one worker of many
 
     @property
     def run_dir(self) -> Path:
+        """Where this process keeps its state, logs and stats: work/<name>, or a worker's own
+        directory under it."""
+        if self.worker is not None:
+            return worker_dir(self.home, self.worker.index)
+        return self.home
+
+    @property
+    def home(self) -> Path:
+        """work/<name>: the recipe's directory, whether it runs as one process or many workers."""
         return self.work_dir / self.name
+
+    @property
+    def out_dir(self) -> Path:
+        """Output of every worker of the recipe (chunk names tell the workers apart)."""
+        return self.home / "out"
+
+    def for_worker(self, shard: Shard) -> Recipe:
+        """This recipe as run by worker ``shard``; its queue must be on beanstalkd."""
+        if self.queue.type != "beanstalk":
+            raise RecipeError(str(self.path), self.queue.line, "queue",
+                              f"workers share their queue on beanstalkd: set queue: {{type: beanstalk, url: ...}} "
+                              f"(this recipe's queue is {self.queue.type})")
+        return dataclasses.replace(self, worker=shard)
 
 
 class _Checker:

@@ -82,7 +82,7 @@ class Parts:
 
 def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[], float] = time.time) -> Parts:
     """The composition root: turns the validated recipe into parts, sharing the state DB and clock."""
-    queue = build(recipe.queue, recipe, state=state, clock=clock, name=recipe.name)
+    queue = build(recipe.queue, recipe, state=state, clock=clock, name=recipe.name, shard=recipe.worker)
     stack.callback(queue.close)
     source = build(recipe.source, recipe, clock=clock)
     fetcher = build(recipe.fetch, recipe, concurrency=recipe.concurrency, clock=clock,
@@ -97,7 +97,7 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
     parts = Parts(source, queue, fetcher, parser, follow, robots)
     parts.paginator = build(recipe.paginate, recipe) if recipe.paginate else None
     parts.rescheduler = build(recipe.reschedule, recipe) if recipe.reschedule else None
-    out_dir = recipe.run_dir / "out"
+    out_dir = recipe.out_dir
     for index, spec in enumerate(recipe.stores):
         state_name = f"store/{index}"
 
@@ -105,7 +105,8 @@ def assemble(recipe: Recipe, state: StateDB, stack: ExitStack, clock: Callable[[
             with queue.transaction() as tx:  # known to recovery before its first row
                 tx.set_state(state_name, checkpoint)
 
-        store = build(spec, recipe, out_dir=out_dir, name=recipe.name, clock=clock, on_open=on_open, state=state)
+        name = recipe.name if recipe.worker is None else f"{recipe.name}.w{recipe.worker.index}"
+        store = build(spec, recipe, out_dir=out_dir, name=name, clock=clock, on_open=on_open, state=state)
         if isinstance(store, Checkpointed):
             store.recover(queue.get_state(state_name))
             # Seal only on a clean stop: after a failure the chunk may hold rows of unacked jobs,
@@ -172,6 +173,7 @@ class Runner:
         self._paused_until: float | None = None
         self._next_snapshot = 0.0  # of the stats history in work/<name>/stats/
         self._statsd: StatsdSender | None = None
+        self._started_at = clock()
         self._schedule: dict[str, float] = {}  # recurring resource key -> next visit (wall clock)
         self._skim = 8 * recipe.concurrency  # jobs a dispatch round may put back (see _dispatch_gated)
         self.gate = Gate(recipe.delay, recipe.per_domain, recipe.max_delay, recipe.breaker_failures,
@@ -306,17 +308,22 @@ class Runner:
                 f"{format_size(b.month_bytes)} this month, limit {format_size(b.monthly) if b.monthly else 'none'}")
 
     def _finished(self, parts: Parts) -> bool:
-        if not self._source_exhausted:
-            return False
+        if not self._source_exhausted or self.recipe.worker is not None:
+            return False  # a worker waits for its inbox until told to finish (see scrapekit.workers)
         counts = self._queue_counts(parts)
         return counts["ready"] == 0 and counts["delayed"] == 0
 
     def _feed(self, parts: Parts) -> None:
-        """Top the queue up from the source, at most ``window`` live jobs ahead."""
+        """Top the queue up from the source, at most ``window`` live jobs ahead; a worker first
+        takes in what other workers sent to its inbox."""
         now = self.monotonic()
-        if self._source_exhausted or now < self._next_feed:
+        if now < self._next_feed:
             return
         self._next_feed = now + _FEED_EVERY
+        if self.recipe.worker is not None:
+            parts.queue.intake()  # type: ignore[attr-defined]  # a worker's queue is a BeanstalkQueue
+        if self._source_exhausted:
+            return
         counts = self._queue_counts(parts)
         room = self.recipe.window - counts["ready"] - counts["reserved"] - counts["delayed"]
         if room <= 0 or (room < min(_FEED_BATCH, self.recipe.window) // 2 and counts["ready"] > 0):
@@ -324,7 +331,11 @@ class Runner:
         if self._requests is None:
             saved = parts.queue.get_state("source") or {}
             position = saved.get("position") if saved.get("spec") == self._source_id() else None
-            self._requests = parts.source.requests(position)
+            requests = parts.source.requests(position)
+            shard = self.recipe.worker
+            if shard is not None:  # every worker reads the source and keeps its own shard's requests
+                requests = ((r, p) for r, p in requests if shard.owns(r.url))
+            self._requests = requests
         position = None
         skipped = 0
         with parts.queue.transaction() as tx:
@@ -581,6 +592,7 @@ class Runner:
                     if outcome.digest:
                         tx.set_state(_content_key(outcome), {"key": job.request.key})
                     stats.count("done" if response.error is None else "failed")
+                    stats.count_domain(url_domain(job.request.url))
                     if response.error is not None:
                         log.info("failed: %s %s %s", loggable(job.request.url), response.status, response.error)
                 if outcome.lookup:
@@ -621,7 +633,11 @@ class Runner:
     def _answer_commands(self, parts: Parts) -> None:
         """Dump, load and kick asked for by other processes (see scrapekit.control)."""
         for path, command in control.pending(self.recipe.run_dir):
-            result = control.execute(parts.queue, command, self.recipe.run_dir)
+            if command.get("command") == "finish":  # all workers are done (see scrapekit.workers)
+                self.stop_reason = self.stop_reason or "done"
+                result = {"ok": True}
+            else:
+                result = control.execute(parts.queue, command, self.recipe.run_dir)
             log.info("command %s: %s", command.get("command"), result, extra=CONSOLE)
             control.answer(path, result)
 
@@ -671,6 +687,10 @@ class Runner:
         snapshot = self.stats.snapshot(
             self._queue_counts(parts) if fresh else self._counts, name=self.recipe.name, pid=os.getpid(), running=running,
             updated_at=self.clock(), stop_reason=self.stop_reason, in_flight=self._in_flight,
+            started_at=self._started_at, source_exhausted=self._source_exhausted,
+            worker=None if self.recipe.worker is None else str(self.recipe.worker),
+            tube=getattr(parts.queue, "tube", None),
+            current_domains=sorted({url_domain(job.request.url) for job, _ in self._flying.values()})[:50],
             bandwidth={**self.bandwidth.state(), "daily_limit": self.bandwidth.daily,
                        "monthly_limit": self.bandwidth.monthly, "paused_until": self._paused_until},
             next_due=[{"key": key, "at": at} for key, at in sorted(self._schedule.items(), key=lambda kv: kv[1])[:10]],

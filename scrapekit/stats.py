@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+_DOMAINS_KEPT = 10_000  # domains counted per session; past it the least busy half is forgotten
+TOP_DOMAINS = 20
 TOTALS = ("done", "failed", "buried", "retries", "items", "bytes", "cache_hits", "cache_misses", "skipped")
 
 
@@ -27,6 +29,7 @@ class Stats:
         self.errors: Counter[str] = Counter(totals.get("errors", {}))
         self.links: Counter[str] = Counter(totals.get("links", {}))  # queued, seen, rejected by reason
         self.session: Counter[str] = Counter()
+        self.domains: Counter[str] = Counter()  # requests finished per registered domain, this session
         self._monotonic = monotonic
         self._window = window
         self._started = monotonic()
@@ -35,6 +38,11 @@ class Stats:
     def count(self, name: str, n: int = 1) -> None:
         self.totals[name] += n
         self.session[name] += n
+
+    def count_domain(self, domain: str) -> None:
+        self.domains[domain] += 1
+        if len(self.domains) > _DOMAINS_KEPT:
+            self.domains = Counter(dict(self.domains.most_common(_DOMAINS_KEPT // 2)))
 
     def finished(self) -> int:
         """Requests that reached their final outcome in this session."""
@@ -68,6 +76,7 @@ class Stats:
             "statuses": dict(self.statuses),
             "errors": dict(self.errors),
             "links": dict(self.links),
+            "domains": dict(self.domains.most_common(TOP_DOMAINS)),
             "queue": dict(queue),
             **extra,
         }

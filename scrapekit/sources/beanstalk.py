@@ -12,6 +12,15 @@ LevelDB layout beside the LevelDbQueue's (which a beanstalk recipe does not use)
     q:a:<key>          attempts so far (beanstalkd keeps a job body as it was put)
     q:b:<key>          bury reasons
     q:o:<seq:8>        outbox: follow-ups committed but not yet on beanstalkd
+    q:f:<key>          keys sent to another worker's shard (one of many workers, see scrapekit.shards)
+
+One of many workers owns a shard: its tube is ``<tube>.<i>`` and requests for other shards go
+to their owners' inbox tubes ``<tube>.<j>.in`` (through the outbox, so a crash loses none). An
+owner takes its inbox in with ``intake``: the requests are queued like its own (duplicates of
+keys it has queued or done are dropped) and only then deleted from the inbox.
+
+Puts go to beanstalkd before the acked job is deleted, so while any job of a run is in a tube
+(ready, reserved or delayed) the run is not over: the test for "all workers are done".
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import plyvel
 
 from ..errors import QueueError
 from ..model import Job, Request, loggable
+from ..shards import Shard, inbox_tube, shard_of, work_tube
 from ..state import StateDB
 from ..units import Seconds
 
@@ -41,6 +51,7 @@ _QUEUED = b"q:q:"
 _ATTEMPTS = b"q:a:"
 _BURIED = b"q:b:"
 _OUTBOX = b"q:o:"
+_SENT = b"q:f:"
 _STATE = b"s:"
 _DONE_COUNT = b"q:m:bdone"
 _MAX_BODY = 65_535
@@ -57,6 +68,15 @@ def parse_url(url: str) -> tuple[str, int]:
     if parts.scheme != "beanstalk" or not parts.hostname:
         raise ValueError(f"expected beanstalk://HOST:PORT, got {url!r}")
     return parts.hostname, port
+
+
+def tube_counts(client: greenstalk.Client[bytes], tube: str) -> dict[str, int]:
+    """Jobs ready, reserved, delayed and buried in ``tube`` (all 0 for a tube never used)."""
+    try:
+        stats: Mapping[str, Any] = client.stats_tube(tube)
+    except greenstalk.NotFoundError:
+        stats = {}
+    return {name: int(stats.get(f"current-jobs-{name}", 0)) for name in ("ready", "reserved", "delayed", "buried")}
 
 
 class BeanstalkUrl(str):
@@ -77,7 +97,8 @@ class _Outgoing:
     slot: bytes
     request: Request
     delay: float
-    buried: bool
+    buried: str | None
+    tube: str | None = None  # another shard's inbox; None: our own tube
 
 
 class BeanstalkTransaction:
@@ -100,6 +121,8 @@ class BeanstalkTransaction:
         """Queue ``request`` straight into the buried state (loading a dump)."""
         if not self._put(request, 0.0, reason):
             return False
+        if self._queue.owner(request) is not None:
+            return True  # its owner buries it when it takes it in
         record = {"reason": reason, "at": self._queue.clock(), "request": request.to_dict()}
         self.batch[_BURIED + request.key.encode()] = json.dumps(record).encode()
         return True
@@ -113,13 +136,20 @@ class BeanstalkTransaction:
             log.info("not queued: request of %d bytes is over beanstalkd's job limit: %s", len(body), loggable(request.url))
             return False
         self.new_keys.add(key)
+        slot = _OUTBOX + struct.pack(">Q", self._queue.next_seq())
+        owner = self._queue.owner(request)
+        if owner is not None:  # its owner decides on priority and delay when it takes it in
+            self.batch[slot] = json.dumps({"r": request.to_dict(), "delay": delay, "buried": buried,
+                                           "tube": owner}).encode()
+            self.batch[_SENT + key.encode()] = b""
+            self.outbox.append(_Outgoing(slot, request, delay, buried, owner))
+            return True
         if self._queue.depth_priority and request.depth:
             request = replace(request, priority=request.priority + self._queue.depth_priority * request.depth)
-        slot = _OUTBOX + struct.pack(">Q", self._queue.next_seq())
         delay = max(delay, request.not_before - self._queue.clock(), 0.0)
         self.batch[slot] = json.dumps({"r": request.to_dict(), "delay": delay, "buried": buried}).encode()
         self.batch[_QUEUED + key.encode()] = json.dumps({"r": request.to_dict(), "id": None}).encode()
-        self.outbox.append(_Outgoing(slot, request, delay, buried is not None))
+        self.outbox.append(_Outgoing(slot, request, delay, buried))
         return True
 
     def ack(self, job: Job, follow_ups: Iterable[Request] = ()) -> None:
@@ -148,7 +178,7 @@ class BeanstalkTransaction:
 
 
 class BeanstalkQueue:
-    """A tube on beanstalkd as the recipe's durable queue.
+    """A tube on beanstalkd as the recipe's durable queue; with ``shard``, one worker's shard.
 
     A job reserved by a worker that dies comes back after ``ttr`` (at once when its connection
     closes). Lost connections are retried with backoff, logged, never fatal.
@@ -156,10 +186,15 @@ class BeanstalkQueue:
 
     def __init__(self, state: StateDB, url: BeanstalkUrl = BeanstalkUrl("beanstalk://127.0.0.1:11300"), tube: str = "",
                  ttr: Seconds = Seconds(120.0), depth_priority: int = 0, name: str = "default",
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 shard: Shard | None = None) -> None:
         self.url = url
         self.address = parse_url(url)
-        self.tube = tube or name
+        self.base_tube = tube or name
+        self.shard = shard
+        self.tube = self.base_tube if shard is None else work_tube(self.base_tube, shard.index)
+        self.inbox = None if shard is None else inbox_tube(self.base_tube, shard.index)
+        self._inbox_client: greenstalk.Client[bytes] | None = None
         self.ttr = max(1, int(ttr))
         self.depth_priority = depth_priority
         self.clock = clock
@@ -233,21 +268,56 @@ class BeanstalkQueue:
         return None if raw is None else dict(json.loads(raw))
 
     def counts(self) -> dict[str, int]:
+        stats = self.tube_counts(self.tube)
+        counts = {name: stats[name] for name in ("ready", "reserved", "delayed", "buried")}
+        counts["done"] = self._done
+        if self.inbox is not None:
+            counts["inbox"] = sum(self.tube_counts(self.inbox).values())
+        return counts
+
+    def tube_counts(self, tube: str) -> dict[str, int]:
+        return dict(self._call(lambda c: tube_counts(c, tube)))
+
+    def owner(self, request: Request) -> str | None:
+        """The inbox of the shard that owns ``request``, or None when it is ours."""
+        if self.shard is None or self.shard.owns(request.url):
+            return None
+        return inbox_tube(self.base_tube, shard_of(request.url, self.shard.count))
+
+    def intake(self, limit: int = 1000) -> int:
+        """Move up to ``limit`` requests from our inbox into our queue; how many were taken in."""
+        if self.inbox is None:
+            return 0
+        taken: list[greenstalk.Job[bytes]] = []
+        with self.transaction() as tx:
+            while len(taken) < limit:
+                try:
+                    raw = self._call(lambda c: c.reserve(timeout=0), inbox=True)
+                except (greenstalk.TimedOutError, greenstalk.DeadlineSoonError):
+                    break
+                taken.append(raw)
+                self._take_in(tx, raw)
+        for raw in taken:  # queued (or found a duplicate): the inbox copy can go
+            self._ignore(lambda c: c.delete(raw), inbox=True)  # noqa: B023
+        return len(taken)
+
+    def _take_in(self, tx: BeanstalkTransaction, raw: greenstalk.Job[bytes]) -> None:
         try:
-            stats = self._call(lambda c: c.stats_tube(self.tube))
-        except greenstalk.NotFoundError:
-            stats = {}
-        return {
-            "ready": int(stats.get("current-jobs-ready", 0)),
-            "reserved": int(stats.get("current-jobs-reserved", 0)),
-            "delayed": int(stats.get("current-jobs-delayed", 0)),
-            "buried": int(stats.get("current-jobs-buried", 0)),
-            "done": self._done,
-        }
+            data = json.loads(raw.body)
+            request = Request.from_dict(data["r"])
+            delay = float(data.get("delay") or 0.0)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("dropping inbox job %d of %s: its body does not decode: %s", raw.id, self.inbox, exc)
+            return
+        if data.get("buried"):
+            tx.put_buried(request, str(data["buried"]))
+        else:
+            tx.put(request, delay)
 
     def known(self, key: str) -> bool:
         k = key.encode()
-        return self._db.get(_QUEUED + k) is not None or self._db.get(_DONE + k) is not None
+        return (self._db.get(_QUEUED + k) is not None or self._db.get(_DONE + k) is not None
+                or (self.shard is not None and self._db.get(_SENT + k) is not None))
 
     def is_done(self, key: str) -> bool:
         return self._db.get(_DONE + key.encode()) is not None
@@ -287,11 +357,31 @@ class BeanstalkQueue:
                 record["reason"] = json.loads(raw)["reason"] if raw else ""
             yield record
 
+    def clear(self) -> int:
+        """Delete every job of our tube and inbox from beanstalkd and forget them (done keys stay):
+        the last step of moving a queue elsewhere (resharding), with no worker running."""
+        deleted = 0
+        for inbox in (False, True) if self.inbox is not None else (False,):
+            for peek in ("peek_ready", "peek_delayed", "peek_buried"):
+                while True:
+                    try:
+                        job = self._call(lambda c: getattr(c, peek)(), inbox)  # noqa: B023
+                    except greenstalk.NotFoundError:
+                        break
+                    self._ignore(lambda c: c.delete(job), inbox)  # noqa: B023
+                    deleted += 1
+        with self._db.write_batch() as batch:
+            for prefix in (_QUEUED, _ATTEMPTS, _BURIED, _OUTBOX, _SENT):
+                for key in self._db.iterator(prefix=prefix, include_value=False):
+                    batch.delete(key)
+        return deleted
+
     def close(self) -> None:
         """Close the connection; beanstalkd gives the jobs we still hold back at once."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        for client in (self._client, self._inbox_client):
+            if client is not None:
+                client.close()
+        self._client = self._inbox_client = None
         self._reserved.clear()
 
     # -- used by transactions ----------------------------------------------------------------
@@ -319,15 +409,16 @@ class BeanstalkQueue:
         except (plyvel.Error, OSError) as exc:
             raise QueueError(f"cannot write the queue batch: {exc}") from None
         self._done = done
-        # LevelDB holds the truth now; what follows is replayable after a crash.
+        # LevelDB holds the truth now; what follows is replayable after a crash. The puts come
+        # first: a run is not over while any of its jobs is in a tube.
+        if tx.outbox:
+            self._send(tx.outbox)
         for job in tx.deletes:
             self._settle(job, lambda c, raw: c.delete(raw))
         for job, delay in tx.releases:
             self._settle(job, lambda c, raw: c.release(raw, job.request.priority, int(round(delay))))  # noqa: B023
         for job in tx.buries:
             self._settle(job, lambda c, raw: c.bury(raw, job.request.priority))  # noqa: B023
-        if tx.outbox:
-            self._send(tx.outbox)
 
     def _settle(self, job: Job, operation: Callable[[greenstalk.Client[bytes], greenstalk.Job[bytes]], Any]) -> None:
         """Apply ``operation`` to a job we hold; a job we no longer hold comes back by itself."""
@@ -338,12 +429,18 @@ class BeanstalkQueue:
 
     def _send(self, outbox: list[_Outgoing]) -> None:
         sent: dict[bytes, bytes | None] = {}
+        foreign = [out for out in outbox if out.tube is not None]
+        if foreign:
+            self._send_elsewhere(foreign)
+            sent.update((out.slot, None) for out in foreign)
         for out in outbox:
+            if out.tube is not None:
+                continue
             request = out.request
             body = request.to_json().encode()
             job_id = self._call(lambda c: c.put(body, priority=request.priority, delay=int(round(out.delay)),  # noqa: B023
                                                 ttr=self.ttr))
-            if out.buried:
+            if out.buried is not None:
                 self._ignore(lambda c: c.bury(c.reserve_job(job_id), request.priority))  # noqa: B023
             sent[out.slot] = None
             sent[_QUEUED + request.key.encode()] = json.dumps({"r": request.to_dict(), "id": job_id}).encode()
@@ -354,12 +451,31 @@ class BeanstalkQueue:
                 elif self._db.get(key) is not None:  # not acked meanwhile
                     batch.put(key, value)
 
+    def _send_elsewhere(self, outbox: list[_Outgoing]) -> None:
+        """Put requests of other shards into their owners' inboxes. One operation per inbox: if
+        the link drops, the whole group is put again (the owner drops the duplicates)."""
+        groups: dict[str, list[tuple[bytes, int]]] = {}
+        for out in outbox:
+            body = json.dumps({"r": out.request.to_dict(), "delay": out.delay, "buried": out.buried}).encode()
+            groups.setdefault(str(out.tube), []).append((body, out.request.priority))
+
+        def put_group(client: greenstalk.Client[bytes], tube: str, jobs: list[tuple[bytes, int]]) -> None:
+            client.use(tube)
+            try:
+                for body, priority in jobs:
+                    client.put(body, priority=priority, ttr=self.ttr)
+            finally:
+                client.use(self.tube)
+
+        for tube, jobs in groups.items():
+            self._call(lambda c: put_group(c, tube, jobs))  # noqa: B023
+
     def _replay_outbox(self) -> None:
         pending = []
         for slot, raw in self._db.iterator(prefix=_OUTBOX):
             data = json.loads(raw)
             pending.append(_Outgoing(slot, Request.from_dict(data["r"]), float(data.get("delay", 0.0)),
-                                     data.get("buried") is not None))
+                                     data.get("buried"), data.get("tube")))
         if pending:
             log.info("putting %d follow-ups committed before the last stop on beanstalkd", len(pending))
             self._send(pending)
@@ -378,31 +494,37 @@ class BeanstalkQueue:
             request = replace(request, attempt=int(attempts))
         return Job(str(raw.id), request)
 
-    def _connect(self) -> greenstalk.Client[bytes]:
-        client = greenstalk.Client(self.address, encoding=None, use=self.tube, watch=self.tube)
-        return client
+    def _connect(self, tube: str | None = None) -> greenstalk.Client[bytes]:
+        tube = tube or self.tube
+        return greenstalk.Client(self.address, encoding=None, use=tube, watch=tube)
 
-    def _call(self, operation: Callable[[greenstalk.Client[bytes]], Any]) -> Any:
-        """Run ``operation``, reconnecting with backoff while beanstalkd is unreachable."""
+    def _call(self, operation: Callable[[greenstalk.Client[bytes]], Any], inbox: bool = False) -> Any:
+        """Run ``operation`` (on the inbox connection if ``inbox``), reconnecting with backoff
+        while beanstalkd is unreachable."""
         for attempt in range(10**9):
             try:
+                if inbox:
+                    if self._inbox_client is None:
+                        self._inbox_client = self._connect(self.inbox)
+                    return operation(self._inbox_client)
                 if self._client is None:
                     self._client = self._connect()
                     log.warning("reconnected to beanstalkd at %s", self.url)
                 return operation(self._client)
             except (OSError, greenstalk.UnknownResponseError) as exc:
-                if self._client is not None:
-                    self._client.close()
-                self._client = None
+                for client in (self._client, self._inbox_client):
+                    if client is not None:
+                        client.close()
+                self._client = self._inbox_client = None
                 self._reserved.clear()  # beanstalkd gave our reserved jobs back when we lost the link
                 wait = _BACKOFF[min(attempt, len(_BACKOFF) - 1)]
                 log.warning("beanstalkd at %s unreachable (%s); retrying in %.1fs", self.url, exc, wait)
                 self._sleep(wait)
         raise AssertionError("unreachable")
 
-    def _ignore(self, operation: Callable[[greenstalk.Client[bytes]], Any]) -> None:
+    def _ignore(self, operation: Callable[[greenstalk.Client[bytes]], Any], inbox: bool = False) -> None:
         """Like _call, where NotFound only means the job was already handed back."""
         try:
-            self._call(operation)
+            self._call(operation, inbox)
         except greenstalk.NotFoundError:
             pass

@@ -1,0 +1,323 @@
+"""Many workers on one machine (``scrapekit run R --workers N``), their joint status, and
+resharding.
+
+The parent starts ``scrapekit run R --worker I/N`` N times and watches them: a worker killed by
+a signal is started again (with backoff), a SIGTERM or Ctrl-C is passed on once. Workers never
+stop by themselves when idle, because another worker may still send them follow-ups. The
+parent tells them to finish when every worker has read its whole source and no job of the
+run is left in any tube (ready, reserved or delayed): puts reach beanstalkd before the job that
+made them is deleted, so that state cannot change back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import greenstalk
+
+from . import control
+from .errors import CIRCUIT_BREAKER_EXIT, ScrapekitError
+from .logs import CONSOLE
+from .recipe import Recipe
+from .seed import load_into, write_dump
+from .shards import Shard, claim_layout, inbox_tube, read_layout, work_tube, worker_dir, workers_dir, write_layout
+from .sources.beanstalk import BeanstalkQueue, parse_url
+from .sources.beanstalk import tube_counts as beanstalk_tube_counts
+from .state import RunLock, StateDB, running_pid
+from .stats import read_json
+
+log = logging.getLogger(__name__)
+
+_POLL = 0.5
+_RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+_STEADY = 60.0  # a worker up this long has its restart backoff reset
+_FINISH_WAIT = 60.0  # seconds a worker told to finish may take before it gets a SIGTERM
+
+
+@dataclass
+class _Child:
+    shard: Shard
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None
+    exit_code: int | None = None  # once it stopped for good
+
+
+@dataclass
+class WorkerPool:
+    """Runs the N workers of one recipe on this machine until they are done or stopped."""
+
+    recipe: Recipe
+    recipe_path: Path
+    count: int
+    max_requests: int | None = None
+    children: list[_Child] = field(default_factory=list)
+    _signals: int = 0
+    _finishing: float | None = None  # since when the workers were told to finish
+
+    def run(self) -> int:
+        """Start, watch and finish the workers; returns the exit code for the command."""
+        claim_layout(self.recipe.home, self.recipe.name, self.count)
+        self.children = [_Child(Shard(i, self.count)) for i in range(self.count)]
+        with ExitStack() as stack:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous = signal.signal(signum, self._on_signal)
+                stack.callback(signal.signal, signum, previous)
+            for child in self.children:
+                self._start(child)
+            self._watch()
+        return self._exit_code()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        log.warning("stopping the workers (signal %d)", signum, extra=CONSOLE)
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+
+    def _start(self, child: _Child) -> None:
+        command = [sys.executable, "-m", "scrapekit", "run", str(self.recipe_path), "--worker", str(child.shard),
+                   "--no-console"]
+        if self.max_requests is not None:
+            command += ["--max-requests", str(self.max_requests)]
+        log_dir = worker_dir(self.recipe.home, child.shard.index) / "log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "worker.out", "ab") as out:
+            # Its own session: a Ctrl-C reaches the parent only, which passes on one SIGTERM.
+            child.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        child.started = time.monotonic()
+        child.restart_at = None
+        log.info("worker %s started, pid %d", child.shard, child.process.pid, extra=CONSOLE)
+
+    def _watch(self) -> None:
+        while any(child.exit_code is None for child in self.children):
+            time.sleep(_POLL)
+            now = time.monotonic()
+            for child in self.children:
+                self._check(child, now)
+            if self._finishing is None and not self._signals and self._all_done():
+                self._finishing = now
+                log.info("every worker read its source and no job is left in any tube: finishing", extra=CONSOLE)
+                for child in self.children:
+                    control.send(worker_dir(self.recipe.home, child.shard.index), {"command": "finish"})
+            elif self._finishing is not None and now - self._finishing > _FINISH_WAIT:
+                self._finishing = now
+                for child in self.children:
+                    if child.process is not None and child.process.poll() is None:
+                        log.warning("worker %s did not finish in %.0fs; stopping it", child.shard, _FINISH_WAIT)
+                        child.process.send_signal(signal.SIGTERM)
+
+    def _check(self, child: _Child, now: float) -> None:
+        if child.exit_code is not None:
+            return
+        if child.process is None:
+            if child.restart_at is not None and now >= child.restart_at and not self._signals:
+                self._start(child)
+            return
+        code = child.process.poll()
+        if code is None:
+            if now - child.started > _STEADY:
+                child.restarts = 0
+            return
+        child.process = None
+        if code >= 0 or self._signals or self._finishing is not None:
+            child.exit_code = code
+            level = logging.INFO if code == 0 else logging.ERROR
+            log.log(level, "worker %s exited with code %d (%s)", child.shard, code, self._stop_reason(child),
+                    extra=CONSOLE)
+            return
+        wait = _RESTART_BACKOFF[min(child.restarts, len(_RESTART_BACKOFF) - 1)]
+        child.restarts += 1
+        child.restart_at = now + wait
+        log.error("worker %s was killed by signal %d; starting it again in %.0fs", child.shard, -code, wait,
+                  extra=CONSOLE)
+
+    def _stop_reason(self, child: _Child) -> str:
+        stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
+        return str(stats.get("stop_reason") or "no stop reason recorded; see its log")
+
+    def _all_done(self) -> bool:
+        for child in self.children:
+            if child.process is None or child.process.poll() is not None:
+                return False
+            stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
+            if stats.get("pid") != child.process.pid or not stats.get("source_exhausted"):
+                return False
+        try:
+            return all(counts["ready"] + counts["reserved"] + counts["delayed"] == 0
+                       for counts in tube_counts(self.recipe, self.count).values())
+        except OSError as exc:
+            log.warning("cannot ask beanstalkd whether the run is done: %s", exc)
+            return False
+
+    def _exit_code(self) -> int:
+        codes = [child.exit_code or 0 for child in self.children]
+        if CIRCUIT_BREAKER_EXIT in codes:
+            return CIRCUIT_BREAKER_EXIT
+        return next((code for code in codes if code != 0), 0)
+
+
+# -- beanstalkd side ---------------------------------------------------------------------------
+
+def _base_tube(recipe: Recipe) -> tuple[str, str]:
+    url = str(recipe.queue.options.get("url", "beanstalk://127.0.0.1:11300"))
+    return url, str(recipe.queue.options.get("tube") or recipe.name)
+
+
+def tube_counts(recipe: Recipe, count: int) -> dict[str, dict[str, int]]:
+    """Jobs per state in every tube of the run (each shard's tube and inbox); OSError when
+    beanstalkd cannot be reached."""
+    url, base = _base_tube(recipe)
+    result: dict[str, dict[str, int]] = {}
+    with greenstalk.Client(parse_url(url), encoding=None) as client:
+        for i in range(count):
+            for tube in (work_tube(base, i), inbox_tube(base, i)):
+                result[tube] = beanstalk_tube_counts(client, tube)
+    return result
+
+
+# -- status ------------------------------------------------------------------------------------
+
+def status(recipe: Recipe, count: int) -> dict[str, Any]:
+    """Every worker's state from its stats.json and pid lock, and the queue of every tube."""
+    workers = []
+    now = time.time()
+    for i in range(count):
+        directory = worker_dir(recipe.home, i)
+        stats = read_json(directory / "stats.json") or {}
+        pid = running_pid(directory / "run.pid")
+        started = stats.get("started_at")
+        workers.append({
+            "worker": f"{i}/{count}", "running": pid is not None, "pid": pid,
+            "uptime": round(now - float(started), 1) if pid and started else None,
+            "rate": stats.get("rate", 0.0) if pid else 0.0, "rate_avg": stats.get("rate_avg", 0.0),
+            **{k: int(stats.get(k, 0)) for k in ("done", "failed", "buried", "items", "retries", "bytes")},
+            "errors": stats.get("errors", {}), "current_domains": stats.get("current_domains", []) if pid else [],
+            "domains": stats.get("domains", {}), "stop_reason": None if pid else stats.get("stop_reason"),
+            "updated_at": stats.get("updated_at"),
+        })
+    try:
+        tubes: dict[str, Any] = tube_counts(recipe, count)
+        error = None
+    except OSError as exc:
+        tubes, error = {}, f"beanstalkd unreachable: {exc.strerror or exc}"
+    totals = {k: sum(w[k] for w in workers) for k in ("done", "failed", "buried", "items", "retries", "bytes")}
+    return {"name": recipe.name, "workers": workers, "tubes": tubes, "beanstalkd_error": error,
+            "running": sum(w["running"] for w in workers), "rate": round(sum(w["rate"] for w in workers), 2),
+            **totals}
+
+
+# -- resharding --------------------------------------------------------------------------------
+
+_SEEN_PREFIXES = (b"q:k:", b"s:res/", b"s:h/", b"s:u/")
+"""What a worker knows of keys beyond its queue: done keys, recurring resources' state, content
+hashes and unique-item marks. Resharding gives every new worker all of them."""
+
+
+@contextmanager
+def _worker_queue(recipe: Recipe, shard: Shard) -> Iterator[BeanstalkQueue]:
+    from .runner import build
+
+    worker = recipe.for_worker(shard)
+    with RunLock(worker.run_dir / "run.pid", f"{recipe.name} worker {shard}"), \
+            StateDB(worker.run_dir / "state") as state:
+        queue = build(worker.queue, worker, state=state, name=recipe.name, shard=shard)
+        try:
+            yield queue
+        finally:
+            queue.close()
+
+
+def reshard(recipe: Recipe, count: int) -> dict[str, Any]:
+    """Change the number of workers (shards) of a stopped run: dump every worker's queue, clear
+    the old tubes, give every new worker the seen-set of all, then load the dump so each job
+    goes to its new owner. Interrupted, it resumes from its saved dump when run again."""
+    run_dir = recipe.home
+    old = read_layout(run_dir)
+    if old is None:
+        raise ScrapekitError(f"{recipe.name} never ran with workers; nothing to reshard")
+    for i in range(old):
+        pid = running_pid(worker_dir(run_dir, i) / "run.pid")
+        if pid is not None:
+            raise ScrapekitError(f"worker {i}/{old} is running (pid {pid}); stop every worker first")
+    for i in range(count, old):
+        unsealed = sorted(recipe.out_dir.glob(f"*/{recipe.name}.w{i}+*.part"))
+        if unsealed:
+            raise ScrapekitError(f"worker {i}/{old} did not stop cleanly ({unsealed[0]} is not sealed): start it "
+                                 f"once more with --worker {i}/{old} and stop it, then reshard")
+    marker = workers_dir(run_dir) / "resharding.json"
+    saved = read_json(marker)
+    if saved is None:
+        dump = run_dir / "seed" / f"reshard-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{old}-to-{count}.jsonl"
+        jobs = _dump_all(recipe, old, dump)
+        marker.write_text(json.dumps({"dump": str(dump), "from": old, "to": count, "jobs": jobs}))
+        for i in range(old):
+            with _worker_queue(recipe, Shard(i, old)) as queue:
+                queue.clear()
+    else:
+        dump, old, jobs = Path(saved["dump"]), int(saved["from"]), int(saved["jobs"])
+        log.warning("resuming an unfinished reshard from %s", dump)
+    _share_seen(recipe, old, count)
+    write_layout(run_dir, count)
+    with _worker_queue(recipe, Shard(0, count)) as queue:
+        loaded = load_into(queue, dump)
+    marker.unlink()
+    return {"from": old, "to": count, "dump": str(dump), "jobs": jobs, **loaded}
+
+
+def _dump_all(recipe: Recipe, count: int, path: Path) -> int:
+    """Every worker's jobs (their inboxes taken in first) in one dump file."""
+    parts = []
+    total = 0
+    for i in range(count):
+        with _worker_queue(recipe, Shard(i, count)) as queue:
+            while queue.intake():
+                pass
+            part = path.with_name(f"{path.name}.{i}")
+            total += write_dump(queue, part)
+            parts.append(part)
+    with open(path, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+        out.flush()
+        os.fsync(out.fileno())
+    for part in parts:
+        part.unlink()
+    return total
+
+
+def _share_seen(recipe: Recipe, old: int, count: int) -> None:
+    """Copy what each old worker has seen into every new worker; reset each new worker's source
+    position (it reads the source again; keys queued or done are skipped)."""
+    run_dir = recipe.home
+    for i in range(old):
+        with RunLock(worker_dir(run_dir, i) / "run.pid", recipe.name), StateDB(worker_dir(run_dir, i) / "state") as src:
+            for j in range(count):
+                if j == i:
+                    continue
+                with RunLock(worker_dir(run_dir, j) / "run.pid", recipe.name), \
+                        StateDB(worker_dir(run_dir, j) / "state") as dst, dst.db.write_batch() as batch:
+                    for prefix in _SEEN_PREFIXES:
+                        for key, value in src.db.iterator(prefix=prefix):
+                            batch.put(key, value)
+    for j in range(count):
+        with RunLock(worker_dir(run_dir, j) / "run.pid", recipe.name), StateDB(worker_dir(run_dir, j) / "state") as db:
+            db.db.delete(b"s:source")
+    for i in range(count, old):
+        retired = workers_dir(run_dir) / f"retired-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{i}"
+        worker_dir(run_dir, i).rename(retired)
+        log.info("worker %d's directory moved to %s (its output stays in out/)", i, retired)
