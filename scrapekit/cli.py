@@ -20,7 +20,7 @@ from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .report import write_report
 from .runner import Runner, build
 from .seed import dump_path
-from .shards import Shard, claim_layout, read_layout, workers_dir
+from .shards import Shard, claim_layout, read_layout, worker_dir, workers_dir
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
 from .units import format_size, utc_text
@@ -334,7 +334,10 @@ def report(recipe: str) -> None:
     """Write an HTML page of RECIPE's stats history (charts and tables) to work/<name>/report.html; print its path."""
     r = _recipe(recipe)
     try:
-        path = write_report(r.run_dir, r.name)
+        count = read_layout(r.home) or 0
+        path = write_report(r.home, r.name, [worker_dir(r.home, i) for i in range(count)])
+    except ScrapekitError as exc:
+        _fail(exc)
     except OSError as exc:
         _fail(ScrapekitError(f"cannot write the report in {r.run_dir}: {exc.strerror or exc}"))
     click.echo(str(path))

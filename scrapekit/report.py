@@ -314,15 +314,73 @@ def render(name: str, snapshots: list[dict[str, Any]], latest: dict[str, Any] | 
             + "\n".join(body) + "\n</body>\n</html>\n")
 
 
-def write_report(run_dir: Path, name: str) -> Path:
-    """Write ``run_dir/report.html`` from the run's stats history and stats.json; return its path.
-    Whether the run is running is judged by its lock (stats.json says so also after kill -9)."""
+_ADDED = (*TOTALS, "cache_hits", "cache_misses", "skipped")
+_MERGED = ("statuses", "errors", "links", "domains")
+
+
+def merge(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One snapshot for many workers at one moment: totals, queues and breakdowns added up,
+    running if any runs, the latest update time."""
+    merged: dict[str, Any] = {key: 0 for key in _ADDED}
+    merged.update({key: {} for key in (*_MERGED, "queue")})
+    bandwidth: dict[str, Any] = {}
+    for snap in snapshots:
+        for key in _ADDED:
+            merged[key] += _number(snap.get(key)) or 0
+        for key in (*_MERGED, "queue"):
+            for k, v in _mapping(snap.get(key)).items():
+                merged[key][k] = merged[key].get(k, 0) + (_number(v) or 0)
+        for k, v in _mapping(snap.get("bandwidth")).items():
+            bandwidth[k] = bandwidth.get(k, 0) + v if k.endswith(("_bytes", "_limit")) and _number(v) is not None else v
+    merged["domains"] = dict(sorted(merged["domains"].items(), key=lambda kv: -kv[1])[:TOP_DOMAINS])
+    merged["bandwidth"] = bandwidth
+    merged["rate"] = sum(_number(snap.get("rate")) or 0 for snap in snapshots)
+    merged["updated_at"] = max((_number(snap.get("updated_at")) or 0 for snap in snapshots), default=0)
+    merged["running"] = any(snap.get("running") is True for snap in snapshots)
+    reasons = sorted({str(snap["stop_reason"]) for snap in snapshots if snap.get("stop_reason")})
+    merged["stop_reason"] = ", ".join(reasons) or None
+    merged["pid"] = ", ".join(str(snap["pid"]) for snap in snapshots if snap.get("running") is True and snap.get("pid"))
+    return merged
+
+
+def merge_histories(histories: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The workers' stats histories as one: at each moment any worker took a snapshot, the sum
+    of every worker's latest snapshot so far."""
+    timed = [_timed(history) for history in histories]
+    moments = sorted({t for history in timed for t, _ in history})
+    merged = []
+    position = [0] * len(timed)
+    for moment in moments:
+        current = []
+        for i, history in enumerate(timed):
+            while position[i] < len(history) and history[position[i]][0] <= moment:
+                position[i] += 1
+            if position[i]:
+                current.append(history[position[i] - 1][1])
+        merged.append({**merge(current), "updated_at": moment})
+    return merged
+
+
+def _latest(run_dir: Path) -> dict[str, Any] | None:
+    """stats.json, with running judged by the run's lock (stats.json says so also after kill -9)."""
     latest = read_json(run_dir / "stats.json")
     if latest is not None:
         pid = running_pid(run_dir / "run.pid")
         latest["running"] = pid is not None
         latest["pid"] = pid if pid is not None else latest.get("pid")
+    return latest
+
+
+def write_report(run_dir: Path, name: str, worker_dirs: Sequence[Path] = ()) -> Path:
+    """Write ``run_dir/report.html`` from the run's stats history and stats.json (or, given
+    ``worker_dirs``, from all of its workers' added up); return its path."""
+    if worker_dirs:
+        latests = [latest for d in worker_dirs if (latest := _latest(d)) is not None]
+        latest = merge(latests) if latests else None
+        snapshots = merge_histories([read_snapshots(d / "stats") for d in worker_dirs])
+    else:
+        latest, snapshots = _latest(run_dir), read_snapshots(run_dir / "stats")
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "report.html"
-    path.write_text(render(name, read_snapshots(run_dir / "stats"), latest), encoding="utf-8")
+    path.write_text(render(name, snapshots, latest), encoding="utf-8")
     return path

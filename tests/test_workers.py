@@ -212,6 +212,13 @@ def test_two_workers_crawl_across_shards_each_page_once_each_domain_by_its_owner
     assert all(w["stop_reason"] == "done" and not w["running"] for w in status["workers"])
     assert set(status["tubes"]) == {f"w{os.getpid()}.{i}{x}" for i in (0, 1) for x in ("", ".in")}
     assert all(sum(c[k] for k in ("ready", "reserved", "delayed")) == 0 for c in status["tubes"].values())
+    report = _scrapekit("report", str(path), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = Path(report.stdout.strip()).read_text()
+    top = page.split("<h2>Top domains</h2>", 1)[1].split("</table>", 1)[0]
+    hosts = [url.split("//")[1].split(":")[0] for url in web.urls]
+    assert all(f"<td>{host}</td><td class=\"n\">{PAGES}</td>" in top for host in hosts), top
+    assert f'<td class="n">{len(web.all_pages())}</td>' in page.split("</table>", 1)[0]  # done, all workers
     again = _scrapekit("run", str(path), "--workers", "3", cwd=tmp_path)
     assert again.returncode != 0 and "laid out for 2 workers" in again.stderr and "reshard" in again.stderr
     single = _scrapekit("run", str(path), cwd=tmp_path)
