@@ -26,13 +26,14 @@ from .errors import RecipeError, ScrapekitError
 from .recipe import Recipe
 
 ACTIONS = ("status", "stop", "restart")
-STARTSECS = 3  # a worker that exits sooner counts as a failed start: BACKOFF, then FATAL
+STARTSECS = 10  # a worker that exits sooner failed to start: retried with backoff, then FATAL
 STARTRETRIES = 5
 STOPWAITSECS = 30  # a worker's own grace is 10 s; past this supervisord kills its process group
 NOT_ALL_RUNNING_EXIT = 3  # like supervisorctl status
 _RPC_TIMEOUT = 10.0
 _UP_TIMEOUT = 15.0
 _GONE_TIMEOUT = STOPWAITSECS + 30.0
+_RESTART_TIMEOUT = _GONE_TIMEOUT + 600.0  # the start waits out every worker's startsecs
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the final NUL
 _UNREACHABLE = (OSError, http.client.HTTPException, xmlrpc.client.Error)
 
@@ -196,9 +197,10 @@ def _process(info: dict[str, Any]) -> dict[str, Any]:
 # -- starting ---------------------------------------------------------------------------------
 
 def worker_command(recipe: Recipe, workers: int) -> str:
-    """What supervisord runs as worker %(process_num)d of ``workers`` of ``recipe``."""
+    """The conf's command for the workers of ``recipe``: supervisord puts each one's index for
+    %(process_num)d (so a literal % in a path is doubled)."""
     words = [sys.executable, "-m", "scrapekit", "run", str(recipe.path.resolve()), "--no-console"]
-    return " ".join(shlex.quote(word) for word in words)
+    return _value(" ".join(map(shlex.quote, words))) + f" --worker %(process_num)d/{workers}"
 
 
 def check_recipes(recipes: Sequence[Recipe]) -> Path:
@@ -241,7 +243,7 @@ def conf_text(files: Files, recipes: Sequence[Recipe], workers: int, directory: 
     ]
     for recipe in recipes:
         sections.append(
-            f"[program:{recipe.name}]\ncommand={_value(worker_command(recipe, workers))}\nnumprocs={workers}\n"
+            f"[program:{recipe.name}]\ncommand={worker_command(recipe, workers)}\nnumprocs={workers}\n"
             f"process_name=%(program_name)s_%(process_num)d\ndirectory={_value(directory)}\n"
             f"autostart=true\nautorestart=unexpected\nexitcodes=0\n"
             f"startsecs={startsecs}\nstartretries={startretries}\n"
@@ -329,7 +331,8 @@ def stop(work_dir: Path) -> int:
         deadline = time.monotonic() + _GONE_TIMEOUT
         while _is_supervisord(pid):
             if time.monotonic() > deadline:
-                raise ScrapekitError(f"supervisord (pid {pid}) did not exit within {_GONE_TIMEOUT:.0f}s; see {files.log}")
+                raise ScrapekitError(
+                    f"supervisord (pid {pid}) did not exit within {_GONE_TIMEOUT:.0f}s; see {files.log}")
             time.sleep(0.1)
     return pid
 
@@ -338,7 +341,7 @@ def restart(work_dir: Path) -> list[dict[str, Any]]:
     """Stop every process, then start them all again and wait until each is running or failed;
     the processes as ``supervised`` gives them. ScrapekitError when no supervisord runs there."""
     try:
-        with _server(work_dir, timeout=_GONE_TIMEOUT + STARTSECS * STARTRETRIES) as server:
+        with _server(work_dir, timeout=_RESTART_TIMEOUT) as server:
             server.supervisor.stopAllProcesses(True)
             server.supervisor.startAllProcesses(True)
     except _UNREACHABLE:
@@ -385,12 +388,12 @@ def _act(action: str, work_dir: Path, as_json: bool) -> None:
         click.echo("\n".join(map(_process_line, restart(work_dir))))
 
 
-def _start(paths: Sequence[str], workers: int) -> None:
+def _start(paths: Sequence[str], workers: int, startsecs: int) -> None:
     from .cli import _recipe  # cli imports this module at its end
 
     recipes = [_recipe(path) for path in paths]
     directory = Path.cwd()
-    pid = start(recipes, workers, directory)
+    pid = start(recipes, workers, directory, startsecs)
     files = Files(recipes[0].work_dir)
     where = shlex.quote(str(files.work_dir))
     lines = [f"started supervisord (pid {pid}) for {files.work_dir}"]
@@ -404,11 +407,16 @@ def _start(paths: Sequence[str], workers: int) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("args", nargs=-1, required=True, metavar="RECIPE... | status|stop|restart [RECIPE]")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Workers per recipe when starting (default 1).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers per recipe when starting (default 1).")
+@click.option("--startsecs", type=click.IntRange(min=0), default=None,
+              help=f"Seconds a worker must stay up to count as started; one that dies sooner is retried with "
+                   f"backoff {STARTRETRIES} times, then left FATAL (default {STARTSECS}).")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="status, stop, restart: the work directory (default ./work).")
 @click.option("--json", "as_json", is_flag=True, help="status: print a JSON list.")
-def supervise(args: tuple[str, ...], workers: int | None, work_dir: Path | None, as_json: bool) -> None:
+def supervise(args: tuple[str, ...], workers: int | None, startsecs: int | None, work_dir: Path | None,
+              as_json: bool) -> None:
     """Run the workers of recipes under supervisord (restarted when they die), or act on it.
 
     \b
@@ -425,15 +433,15 @@ def supervise(args: tuple[str, ...], workers: int | None, work_dir: Path | None,
     from .cli import _fail  # cli imports this module at its end
 
     action = args[0] if args[0] in ACTIONS and not Path(args[0]).is_file() else None
-    if action is not None and workers is not None:
-        raise click.UsageError("--workers is for starting: stop, then supervise again to change it")
+    if action is not None and (workers, startsecs) != (None, None):
+        raise click.UsageError("--workers and --startsecs are for starting: stop, then supervise again to change them")
     if action != "status" and as_json:
         raise click.UsageError("--json is for status")
     if action is None and work_dir is not None:
         raise click.UsageError("--work-dir is for status, stop and restart; the recipes name their work_dir")
     try:
         if action is None:
-            _start(args, workers or 1)
+            _start(args, workers or 1, STARTSECS if startsecs is None else startsecs)
         else:
             _act(action, _target_dir(args[1:], work_dir), as_json)
     except ScrapekitError as exc:

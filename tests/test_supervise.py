@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from scrapekit.demo.site import DemoSite
+from scrapekit.shards import worker_dir
 
 from .conftest import Beanstalkd, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKERS = 1
+WORKERS = 2
+FAST = ("--startsecs", "1")  # RUNNING sooner; the crash loop test keeps a longer one so a slow failure counts
 
 
 def scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -87,7 +89,7 @@ def cleanup(tmp_path: Path, beanstalkd: Beanstalkd, site: DemoSite) -> Iterator[
 @pytest.mark.usefixtures("cleanup")
 def test_a_worker_killed_with_sigkill_is_restarted(tmp_path: Path, beanstalkd: Beanstalkd, site: DemoSite) -> None:
     path = recipe(tmp_path, "t", beanstalkd.url, slow_urls(site))
-    started = scrapekit("supervise", str(path), "--workers", str(WORKERS), cwd=tmp_path)
+    started = scrapekit("supervise", str(path), "--workers", str(WORKERS), *FAST, cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     assert "started supervisord" in started.stdout and str(tmp_path / "work" / "supervisord.conf") in started.stdout
     wait_for(lambda: all_running(tmp_path, WORKERS), timeout=30)
@@ -96,7 +98,8 @@ def test_a_worker_killed_with_sigkill_is_restarted(tmp_path: Path, beanstalkd: B
     assert [p["worker"] for p in processes] == list(range(WORKERS))
     assert (tmp_path / "work" / "supervisor" / "t_0.log").exists()
     victim = processes[0]
-    wait_for(lambda: (tmp_path / "work" / "t" / "run.pid").read_text().strip() == str(victim["pid"]), timeout=30)
+    pid_file = worker_dir(tmp_path / "work" / "t", victim["worker"]) / "run.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() == str(victim["pid"]), timeout=30)
 
     os.kill(victim["pid"], signal.SIGKILL)
 
@@ -118,7 +121,8 @@ def test_a_worker_killed_with_sigkill_is_restarted(tmp_path: Path, beanstalkd: B
 def test_two_supervise_commands_at_once_start_one_supervisord(tmp_path: Path, beanstalkd: Beanstalkd,
                                                                site: DemoSite) -> None:
     path = recipe(tmp_path, "t", beanstalkd.url, slow_urls(site))
-    first, second = (start("supervise", str(path), "--workers", str(WORKERS), cwd=tmp_path) for _ in range(2))
+    first, second = (start("supervise", str(path), "--workers", str(WORKERS), *FAST, cwd=tmp_path)
+                     for _ in range(2))
     results = sorted((p.wait(timeout=60), *p.communicate()) for p in (first, second))
     assert [code for code, _, _ in results] == [0, 2], results
     pid = supervisord_pid(tmp_path)
@@ -126,7 +130,7 @@ def test_two_supervise_commands_at_once_start_one_supervisord(tmp_path: Path, be
     assert "supervisord already runs" in refused and f"pid {pid}" in refused and "supervise status" in refused
     wait_for(lambda: all_running(tmp_path, WORKERS), timeout=30)
 
-    again = scrapekit("supervise", str(path), "--workers", str(WORKERS), cwd=tmp_path)
+    again = scrapekit("supervise", str(path), "--workers", str(WORKERS), *FAST, cwd=tmp_path)
     assert again.returncode == 2 and f"supervisord already runs for {tmp_path / 'work'} (pid {pid})" in again.stderr
     assert all_running(tmp_path, WORKERS) and supervisord_pid(tmp_path) == pid
 
@@ -136,19 +140,23 @@ def test_a_worker_that_fails_at_start_shows_backoff_or_fatal(tmp_path: Path, bea
                                                               site: DemoSite) -> None:
     good = recipe(tmp_path, "good", beanstalkd.url, slow_urls(site))
     bad = recipe(tmp_path, "bad", f"beanstalk://127.0.0.1:{free_port()}", [f"{site.url}/page/1"])  # nobody listens
-    started = scrapekit("supervise", str(good), str(bad), "--workers", str(WORKERS), cwd=tmp_path)
+    started = scrapekit("supervise", str(good), str(bad), "--workers", str(WORKERS), "--startsecs", "8",
+                        cwd=tmp_path)
     assert started.returncode == 0, started.stderr
 
     def crash_looping() -> bool:
         code, processes = status(tmp_path)
-        return code == 3 and all(p["state"] in ("BACKOFF", "FATAL") and "Exited too quickly" in p["description"]
-                                 for p in processes if p["group"] == "bad")
+        return code == 3 and any(p["group"] == "bad" and p["state"] in ("BACKOFF", "FATAL")
+                                 and "Exited too quickly" in p["description"] for p in processes)
 
-    wait_for(crash_looping, timeout=60)
-    shown = scrapekit("supervise", "status", "--work-dir", str(tmp_path / "work"), cwd=tmp_path)
-    assert shown.returncode == 3
-    assert any(("BACKOFF" in line or "FATAL" in line) and "Exited too quickly" in line
-               for line in shown.stdout.splitlines() if line.startswith("bad:bad_0 "))
+    def shown_crash_looping() -> bool:
+        shown = scrapekit("supervise", "status", "--work-dir", str(tmp_path / "work"), cwd=tmp_path)
+        return shown.returncode == 3 and any(line.startswith("bad:bad_") and "Exited too quickly" in line
+                                             and ("BACKOFF" in line or "FATAL" in line)
+                                             for line in shown.stdout.splitlines())
+
+    wait_for(crash_looping, timeout=90)
+    wait_for(shown_crash_looping, timeout=90)
     assert "cannot reach beanstalkd" in (tmp_path / "work" / "supervisor" / "bad_0.log").read_text()
     wait_for(lambda: all(p["state"] == "RUNNING" for p in status(tmp_path)[1] if p["group"] == "good"), timeout=30)
 
@@ -157,7 +165,7 @@ def test_a_worker_that_fails_at_start_shows_backoff_or_fatal(tmp_path: Path, bea
 def test_restart_gives_new_pids_and_stop_leaves_nothing(tmp_path: Path, beanstalkd: Beanstalkd,
                                                         site: DemoSite) -> None:
     path = recipe(tmp_path, "t", beanstalkd.url, slow_urls(site))
-    assert scrapekit("supervise", str(path), "--workers", str(WORKERS), cwd=tmp_path).returncode == 0
+    assert scrapekit("supervise", str(path), "--workers", str(WORKERS), *FAST, cwd=tmp_path).returncode == 0
     wait_for(lambda: all_running(tmp_path, WORKERS), timeout=30)
     before = {p["name"]: p["pid"] for p in status(tmp_path)[1]}
 
@@ -190,7 +198,7 @@ def test_a_stale_socket_and_pid_file_do_not_block_a_start(tmp_path: Path, beanst
     dead.wait()
     (work / "supervisord.pid").write_text(f"{dead.pid}\n")
 
-    started = scrapekit("supervise", str(path), "--workers", str(WORKERS), cwd=tmp_path)
+    started = scrapekit("supervise", str(path), "--workers", str(WORKERS), *FAST, cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     wait_for(lambda: all_running(tmp_path, WORKERS), timeout=30)
     assert supervisord_pid(tmp_path) != dead.pid
@@ -221,4 +229,5 @@ def test_recipes_that_cannot_be_supervised_start_nothing(tmp_path: Path, case: s
                          f"they use {tmp_path / 'elsewhere'}, {tmp_path / 'work'}",
     }[case]
     assert expected in result.stderr
-    assert not (tmp_path / "work" / "supervisord.conf").exists() and not (tmp_path / "work" / "supervisord.sock").exists()
+    assert not (tmp_path / "work" / "supervisord.conf").exists()
+    assert not (tmp_path / "work" / "supervisord.sock").exists()
