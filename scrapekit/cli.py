@@ -131,8 +131,9 @@ def run(recipe: str, detach: bool, max_requests: int | None, workers: int | None
         return
     try:
         if shard is not None:
-            r = r.for_worker(Shard.parse(shard))
-            claim_layout(r.home, r.name, r.worker.count if r.worker else 1)
+            worker = Shard.parse(shard)
+            r = r.for_worker(worker)
+            claim_layout(r.home, r.name, worker.count)
         elif (laid_out := read_layout(r.home)) is not None:
             raise ScrapekitError(f"{r.name} is laid out for {laid_out} workers: run it with --workers {laid_out} "
                                  f"(or --worker I/{laid_out})")

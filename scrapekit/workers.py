@@ -54,6 +54,7 @@ class _Child:
     restarts: int = 0
     restart_at: float | None = None
     exit_code: int | None = None  # once it stopped for good
+    told: bool = False  # to finish
 
 
 @dataclass
@@ -104,16 +105,32 @@ class WorkerPool:
         log.info("worker %s started, pid %d", child.shard, child.process.pid, extra=CONSOLE)
 
     def _watch(self) -> None:
+        """Until every worker has stopped: restart the killed, finish the run when it is done.
+
+        A worker that stopped by itself with 0 reached a limit (max_requests, max_seconds): the
+        others then finish once they are idle, leaving what others send them for a later run.
+        A worker that failed (exit code not 0) stops the others: the run cannot complete.
+        """
         while any(child.exit_code is None for child in self.children):
             time.sleep(_POLL)
             now = time.monotonic()
             for child in self.children:
                 self._check(child, now)
-            if self._finishing is None and not self._signals and self._all_done():
+            exited = [child.exit_code for child in self.children if child.exit_code is not None]
+            if self._finishing is None and any(code != 0 for code in exited) and not self._signals:
+                log.error("a worker failed; stopping the others", extra=CONSOLE)
+                self._on_signal(signal.SIGTERM, None)
+            elif self._finishing is None and not self._signals and not exited and self._all_done():
                 self._finishing = now
                 log.info("every worker read its source and no job is left in any tube: finishing", extra=CONSOLE)
                 for child in self.children:
-                    control.send(worker_dir(self.recipe.home, child.shard.index), {"command": "finish"})
+                    self._tell_finish(child)
+            elif self._finishing is None and exited and not self._signals:
+                for child in self.children:
+                    if not child.told and child.exit_code is None and self._idle(child):
+                        log.info("worker %s is idle and another reached its limit: finishing it", child.shard,
+                                 extra=CONSOLE)
+                        self._tell_finish(child)
             elif self._finishing is not None and now - self._finishing > _FINISH_WAIT:
                 self._finishing = now
                 for child in self.children:
@@ -134,7 +151,7 @@ class WorkerPool:
                 child.restarts = 0
             return
         child.process = None
-        if code >= 0 or self._signals or self._finishing is not None:
+        if code >= 0 or self._signals or self._finishing is not None or child.told:
             child.exit_code = code
             level = logging.INFO if code == 0 else logging.ERROR
             log.log(level, "worker %s exited with code %d (%s)", child.shard, code, self._stop_reason(child),
@@ -150,12 +167,28 @@ class WorkerPool:
         stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
         return str(stats.get("stop_reason") or "no stop reason recorded; see its log")
 
+    def _tell_finish(self, child: _Child) -> None:
+        child.told = True
+        control.send(worker_dir(self.recipe.home, child.shard.index), {"command": "finish"})
+
+    def _current_stats(self, child: _Child) -> dict[str, Any] | None:
+        """The running worker's stats.json once it wrote one itself (not a previous run's)."""
+        if child.process is None or child.process.poll() is not None:
+            return None
+        stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json")
+        return stats if stats is not None and stats.get("pid") == child.process.pid else None
+
+    def _idle(self, child: _Child) -> bool:
+        stats = self._current_stats(child)
+        if stats is None or not stats.get("source_exhausted") or stats.get("in_flight"):
+            return False
+        queue = stats.get("queue") or {}
+        return not any(queue.get(state) for state in ("ready", "reserved", "delayed"))
+
     def _all_done(self) -> bool:
         for child in self.children:
-            if child.process is None or child.process.poll() is not None:
-                return False
-            stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
-            if stats.get("pid") != child.process.pid or not stats.get("source_exhausted"):
+            stats = self._current_stats(child)
+            if stats is None or not stats.get("source_exhausted"):
                 return False
         try:
             return all(counts["ready"] + counts["reserved"] + counts["delayed"] == 0

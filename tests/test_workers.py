@@ -225,6 +225,23 @@ def test_two_workers_crawl_across_shards_each_page_once_each_domain_by_its_owner
     assert single.returncode != 0 and "--workers 2" in single.stderr
 
 
+def test_when_one_worker_reaches_its_limit_the_idle_others_finish(tmp_path: Path, beanstalkd: Beanstalkd) -> None:
+    web = _Web(_hosts(2, 2))
+    try:
+        busy, quiet = web.urls
+        seeds = [f"{busy}/p/{n}" for n in range(PAGES)] + [f"{quiet}/p/0"]
+        path = _recipe(tmp_path, beanstalkd, seeds, crawl=False)
+        result = _scrapekit("run", str(path), "--workers", "2", "--max-requests", "3", cwd=tmp_path, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "idle and another reached its limit" in result.stderr
+        status = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+        reasons = sorted(w["stop_reason"] for w in status["workers"])
+        assert reasons == ["done", "max_requests"]
+        assert status["done"] == 4  # 3 of the busy host's, the quiet host's one
+    finally:
+        web.close()
+
+
 def test_workers_need_a_beanstalk_queue(tmp_path: Path, web: _Web) -> None:
     (tmp_path / "seeds.txt").write_text(f"{web.urls[0]}/p/0\n")
     path = tmp_path / "l.yaml"
