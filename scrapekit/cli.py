@@ -286,6 +286,9 @@ def _workers_status(r: Recipe, count: int, as_json: bool) -> None:
             state = f"stopped ({w['stop_reason'] or 'unknown'})"
         errors = sum(w["errors"].values())
         line = f"  worker {w['worker']}: {state}  done {w['done']}  failed {w['failed']}  errors {errors}"
+        if w.get("supervisor"):
+            line += f"  [supervisord: {w['supervisor']['state']}" + (
+                f", {w['supervisor']['description']}]" if w["supervisor"]["state"] != "RUNNING" else "]")
         if w["current_domains"]:
             line += "  now: " + ", ".join(w["current_domains"][:5]) + (" ..." if len(w["current_domains"]) > 5 else "")
         lines.append(line)

@@ -37,6 +37,7 @@ from .sources.beanstalk import BeanstalkQueue, parse_url
 from .sources.beanstalk import tube_counts as beanstalk_tube_counts
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
+from .supervise import supervised
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,9 @@ def status(recipe: Recipe, count: int) -> dict[str, Any]:
             "domains": stats.get("domains", {}), "stop_reason": None if pid else stats.get("stop_reason"),
             "updated_at": stats.get("updated_at"),
         })
+    for process in supervised(recipe.work_dir) or []:
+        if process["group"] == recipe.name and process["worker"] is not None and process["worker"] < count:
+            workers[process["worker"]]["supervisor"] = {k: process[k] for k in ("state", "description", "pid")}
     try:
         tubes: dict[str, Any] = tube_counts(recipe, count)
         error = None

@@ -158,6 +158,15 @@ def test_a_worker_that_fails_at_start_shows_backoff_or_fatal(tmp_path: Path, bea
     wait_for(crash_looping, timeout=90)
     wait_for(shown_crash_looping, timeout=90)
     assert "cannot reach beanstalkd" in (tmp_path / "work" / "supervisor" / "bad_0.log").read_text()
+
+    def in_scrapekit_status() -> bool:  # scrapekit status shows it too, per worker
+        joint = json.loads(scrapekit("status", str(bad), "--json", cwd=tmp_path).stdout)
+        assert [w["worker"] for w in joint["workers"]] == [f"{i}/{WORKERS}" for i in range(WORKERS)]
+        shown = scrapekit("status", str(bad), cwd=tmp_path).stdout
+        return (any(w["supervisor"]["state"] in ("BACKOFF", "FATAL") for w in joint["workers"])
+                and any(f"[supervisord: {state}, Exited too quickly" in shown for state in ("BACKOFF", "FATAL")))
+
+    wait_for(in_scrapekit_status, timeout=90)
     wait_for(lambda: all(p["state"] == "RUNNING" for p in status(tmp_path)[1] if p["group"] == "good"), timeout=30)
 
 
