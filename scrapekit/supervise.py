@@ -22,8 +22,9 @@ from typing import Any
 
 import click
 
-from .errors import RecipeError, ScrapekitError
+from .errors import ScrapekitError
 from .recipe import Recipe
+from .shards import Shard, read_layout
 
 ACTIONS = ("status", "stop", "restart")
 STARTSECS = 10  # a worker that exits sooner failed to start: retried with backoff, then FATAL
@@ -207,10 +208,7 @@ def check_recipes(recipes: Sequence[Recipe]) -> Path:
     """The one work directory of ``recipes``; RecipeError or ScrapekitError when they cannot run
     together as workers (another queue than beanstalk, two work directories, a name twice)."""
     for recipe in recipes:
-        if recipe.queue.type != "beanstalk":
-            raise RecipeError(str(recipe.path), recipe.queue.line, "queue",
-                              f"workers share their queue on beanstalkd: set queue: {{type: beanstalk, url: ...}} "
-                              f"(this recipe's queue is {recipe.queue.type})")
+        recipe.for_worker(Shard(0, 1))  # RecipeError unless its queue is on beanstalkd
     work_dirs = sorted({str(r.work_dir) for r in recipes})
     if len(work_dirs) > 1:
         raise ScrapekitError("the recipes must share one work_dir (one supervisord per work directory); they use "
@@ -392,6 +390,11 @@ def _start(paths: Sequence[str], workers: int, startsecs: int) -> None:
     from .cli import _recipe  # cli imports this module at its end
 
     recipes = [_recipe(path) for path in paths]
+    for recipe in recipes:
+        laid_out = read_layout(recipe.home)
+        if laid_out not in (None, workers):
+            raise ScrapekitError(f"{recipe.name} is laid out for {laid_out} workers, not {workers}: supervise it with "
+                                 f"--workers {laid_out}, or first 'scrapekit reshard {recipe.path} --workers {workers}'")
     directory = Path.cwd()
     pid = start(recipes, workers, directory, startsecs)
     files = Files(recipes[0].work_dir)

@@ -321,3 +321,11 @@ def test_reshard_from_two_workers_to_three_keeps_every_job_and_the_seen_set(
         assert len(status["workers"]) == 3
     finally:
         web.close()
+
+
+def test_supervise_refuses_another_number_of_workers_than_the_layout(tmp_path: Path, beanstalkd: Beanstalkd) -> None:
+    path = _recipe(tmp_path, beanstalkd, ["http://127.0.0.2/p/0"])
+    claim_layout(tmp_path / "work" / "w", "w", 2)
+    result = _scrapekit("supervise", str(path), "--workers", "3", cwd=tmp_path)
+    assert result.returncode != 0 and "laid out for 2 workers" in result.stderr and "reshard" in result.stderr
+    assert not (tmp_path / "work" / "supervisord.conf").exists()
