@@ -178,3 +178,22 @@ def test_deeper_generations_come_later(state: StateDB, beanstalkd: Beanstalkd) -
         queue.put(Request(f"http://a.test/{depth}", depth=depth))
     assert drain(queue) == ["http://a.test/0", "http://a.test/1", "http://a.test/2"]
     queue.close()
+
+
+def test_pipelined_puts_releases_and_deletes_keep_each_reply_with_its_command(beanstalkd: Beanstalkd) -> None:
+    from scrapekit.sources.beanstalk import _Client, parse_url
+
+    with _Client(parse_url(beanstalkd.url), encoding=None, use="pipe", watch="pipe") as client:
+        bodies = [f"job {i}".encode() for i in range(600)]  # more than one pipelined group
+        ids = client.put_many([(body, 100, 0) for body in bodies], ttr=60)
+        assert len(set(ids)) == 600 and client.stats_tube("pipe")["current-jobs-ready"] == 600
+        assert client.peek(ids[599]).body == b"job 599"
+        held = [client.reserve(timeout=0) for _ in range(3)]
+        client.release_many([(job.id, 5, 0) for job in held] + [(ids[-1], 5, 0)])  # the last is not reserved
+        assert client.stats_tube("pipe")["current-jobs-reserved"] == 0
+        client.delete_many([ids[0], ids[0], *ids[1:300]])  # deleted twice: the second is NOT_FOUND, no error
+        assert client.stats_tube("pipe")["current-jobs-ready"] == 300
+        with pytest.raises(greenstalk.JobTooBigError):
+            client.put_many([(b"x", 1, 0), (b"y" * 70_000, 1, 0), (b"z", 1, 0)], ttr=60)
+        assert client.stats_tube("pipe")["current-jobs-ready"] == 302  # x and z went in; the stream is in step
+        assert client.put_many([(b"after", 1, 0)], ttr=60)
