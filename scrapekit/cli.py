@@ -19,7 +19,7 @@ from .errors import CIRCUIT_BREAKER_EXIT, AlreadyRunning, RecipeError, Scrapekit
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .report import write_report
 from .runner import Runner, build
-from .seed import dump_path
+from .seed import dump_path, join_dumps
 from .shards import Shard, claim_layout, read_layout, worker_dir, workers_dir
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
@@ -165,7 +165,7 @@ def run(recipe: str, detach: bool, max_requests: int | None, workers: int | None
             live.clear()
         logs.unconfigure(handlers)
     if not no_console:
-        click.echo(f"stopped: {reason}\n  output: {r.run_dir / 'out'}\n  logs:   {logs.log_dir(r.run_dir)}", err=True)
+        click.echo(f"stopped: {reason}\n  output: {r.out_dir}\n  logs:   {logs.log_dir(r.run_dir)}", err=True)
     if reason == "circuit_breaker":
         sys.exit(CIRCUIT_BREAKER_EXIT)
 
@@ -194,7 +194,7 @@ def _detach(r: Recipe, recipe: str, max_requests: int | None) -> None:
         sys.exit(child.returncode or 1)
     click.echo(f"started {r.name} in the background, pid {child.pid}\n"
                f"  pid file: {pid_file}\n  logs:     {log_dir} (scrapekit tail {recipe})\n"
-               f"  output:   {r.run_dir / 'out'}\n  stop:     kill {child.pid}")
+               f"  output:   {r.out_dir}\n  stop:     kill {child.pid}")
 
 
 def _run_workers(r: Recipe, recipe: str, count: int, max_requests: int | None) -> None:
@@ -386,14 +386,10 @@ def dump(recipe: str, file: str | None) -> None:
         if len(each) == 1:
             result = _queue_command(r, {"command": "dump", "path": str(path)})
         else:
-            result = {"count": 0, "path": str(path)}
-            parts = [path.with_name(f"{path.name}.w{w.worker.index if w.worker else 0}") for w in each]
-            for w, part in zip(each, parts):
-                result["count"] += _queue_command(w, {"command": "dump", "path": str(part)})["count"]
-            with open(path, "wb") as out:
-                for part in parts:
-                    out.write(part.read_bytes())
-                    part.unlink()
+            parts = [path.with_name(f"{path.name}.{i}") for i in range(len(each))]
+            count = sum(_queue_command(w, {"command": "dump", "path": str(part)})["count"] for w, part in zip(each, parts))
+            join_dumps(parts, path)
+            result = {"count": count, "path": str(path)}
     except ScrapekitError as exc:
         _fail(exc)
     except OSError as exc:

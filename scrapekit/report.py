@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .state import running_pid
-from .stats import read_json, read_snapshots
+from .stats import TOP_DOMAINS, read_json, read_snapshots
 from .units import format_size
 
 Point = tuple[float, float]
@@ -22,7 +22,6 @@ WIDTH, HEIGHT = 640, 220
 _LEFT, _RIGHT, _TOP, _BOTTOM = 70, 20, 30, 40  # room for tick labels, title and axis label
 DAY = 86_400.0
 TOTALS = ("done", "failed", "buried", "items", "bytes", "retries")
-TOP_DOMAINS = 20
 _NUMERIC = ' class="n"'
 
 _CSS = """

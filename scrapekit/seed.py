@@ -119,6 +119,17 @@ def write_dump(queue: Dumpable, path: Path) -> int:
     return count
 
 
+def join_dumps(parts: list[Path], path: Path) -> None:
+    """Join the dumps ``parts`` (one per worker) into ``path``, synced, then delete them."""
+    with open(path, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+        out.flush()
+        os.fsync(out.fileno())
+    for part in parts:
+        part.unlink()
+
+
 def load_into(queue: Dumpable, path: Path, clock: Callable[[], float] = time.time) -> dict[str, int]:
     """Add the jobs of a dump or seed file; keys already queued or done are skipped."""
     counts: Counter[str] = Counter()

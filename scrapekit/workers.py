@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from . import control
 from .errors import CIRCUIT_BREAKER_EXIT, ScrapekitError
 from .logs import CONSOLE
 from .recipe import Recipe
-from .seed import load_into, write_dump
+from .seed import join_dumps, load_into, write_dump
 from .shards import Shard, claim_layout, inbox_tube, read_layout, work_tube, worker_dir, workers_dir, write_layout
 from .sources.beanstalk import BeanstalkQueue, parse_url
 from .sources.beanstalk import tube_counts as beanstalk_tube_counts
@@ -298,6 +297,8 @@ def reshard(recipe: Recipe, count: int) -> dict[str, Any]:
                                  f"once more with --worker {i}/{old} and stop it, then reshard")
     marker = workers_dir(run_dir) / "resharding.json"
     saved = read_json(marker)
+    if saved is None and old == count:
+        raise ScrapekitError(f"{recipe.name} is laid out for {count} workers already")
     if saved is None:
         dump = run_dir / "seed" / f"reshard-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{old}-to-{count}.jsonl"
         jobs = _dump_all(recipe, old, dump)
@@ -327,13 +328,7 @@ def _dump_all(recipe: Recipe, count: int, path: Path) -> int:
             part = path.with_name(f"{path.name}.{i}")
             total += write_dump(queue, part)
             parts.append(part)
-    with open(path, "wb") as out:
-        for part in parts:
-            out.write(part.read_bytes())
-        out.flush()
-        os.fsync(out.fileno())
-    for part in parts:
-        part.unlink()
+    join_dumps(parts, path)
     return total
 
 
