@@ -319,3 +319,16 @@ def test_the_report_renders_in_a_headless_browser(reported_run: Any, tmp_path: P
                              "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
     assert dumped.returncode == 0, dumped.stderr
     assert dumped.stdout.count("<svg") == 4 and "<polyline" in dumped.stdout and "chart-bandwidth" in dumped.stdout
+
+
+def test_workers_histories_add_up_moment_by_moment() -> None:
+    from scrapekit.report import merge_histories
+
+    one = [{"updated_at": 10.0, "done": 5, "queue": {"ready": 3}, "domains": {"a.com": 5}},
+           {"updated_at": 30.0, "done": 9, "queue": {"ready": 1}, "domains": {"a.com": 9}}]
+    two = [{"updated_at": 20.0, "done": 4, "queue": {"ready": 7}, "domains": {"b.com": 4}, "running": True}]
+    merged = merge_histories([one, two])
+    assert [m["updated_at"] for m in merged] == [10.0, 20.0, 30.0]
+    assert [m["done"] for m in merged] == [5, 9, 13]  # worker two counts from its first snapshot on
+    assert [m["queue"]["ready"] for m in merged] == [3, 10, 8]
+    assert merged[-1]["domains"] == {"a.com": 9, "b.com": 4} and merged[-1]["running"] is True

@@ -261,6 +261,12 @@ def test_a_worker_killed_with_sigkill_is_started_again_and_nothing_is_lost_or_do
         stats = tmp_path / "work" / "w" / "workers" / "1" / "stats.json"
         wait_for(lambda: stats.exists() and json.loads(stats.read_text()).get("done", 0) >= 2)
         victim = int(pid_file.read_text())
+        live = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+        assert live["running"] == 2 and live["workers"][1]["pid"] == victim
+        assert all(w["uptime"] is not None and w["uptime"] >= 0 for w in live["workers"])
+        assert set(live["tubes"]) == {f"w{os.getpid()}.{i}{x}" for i in (0, 1) for x in ("", ".in")}
+        shown = _scrapekit("status", str(path), cwd=tmp_path).stdout
+        assert "2 of 2 workers running" in shown and f"worker 1/2: pid {victim}" in shown
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() not in ("", str(victim))
                  and int(pid_file.read_text()) > 0)
