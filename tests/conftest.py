@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from scrapekit.demo.site import DemoSite
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class FakeClock:
@@ -98,3 +101,17 @@ def beanstalkd(tmp_path: Path) -> Iterator[Beanstalkd]:
     server = Beanstalkd(tmp_path / "binlog").start()
     yield server
     server.kill(signal.SIGTERM)
+
+
+def scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m scrapekit ARGS`` run to its end, as a user runs it from ``cwd``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``python -m scrapekit ARGS`` started in the background, its output captured."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

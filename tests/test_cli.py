@@ -18,21 +18,9 @@ import pytest
 
 from scrapekit.stores.chunked import read_tsv
 
-from .conftest import wait_for
+from .conftest import scrapekit, start, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def recipe(tmp_path: Path, urls: list[str], extra: str = "") -> Path:

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,10 @@ import pytest
 from scrapekit.demo.site import DemoSite
 from scrapekit.shards import worker_dir
 
-from .conftest import Beanstalkd, free_port, wait_for
+from .conftest import Beanstalkd, free_port, scrapekit, start, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKERS = 2
 FAST = ("--startsecs", "1")  # RUNNING sooner; the crash loop test keeps a longer one so a slow failure counts
-
-
-def scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def recipe(tmp_path: Path, name: str, queue_url: str, urls: list[str], extra: str = "") -> Path:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,9 +22,8 @@ from scrapekit.sources.beanstalk import BeanstalkQueue, BeanstalkUrl
 from scrapekit.state import StateDB
 from scrapekit.stores.chunked import TsvRow, read_tsv
 
-from .conftest import Beanstalkd, wait_for
+from .conftest import Beanstalkd, scrapekit, start, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = 8  # per host
 
 
@@ -113,18 +110,6 @@ def _recipe(tmp_path: Path, beanstalkd: Beanstalkd, seeds: list[str], crawl: boo
     return path
 
 
-def _scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def _start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _rows(tmp_path: Path) -> list[TsvRow]:
     chunks = sorted((tmp_path / "work" / "w" / "out").glob("*/*.tsv"))
     return [row for chunk in chunks for row in read_tsv(chunk)]
@@ -195,7 +180,7 @@ def test_a_request_of_another_shard_goes_to_its_owners_inbox_once(tmp_path: Path
 def test_two_workers_crawl_across_shards_each_page_once_each_domain_by_its_owner(
         tmp_path: Path, beanstalkd: Beanstalkd, web: _Web) -> None:
     path = _recipe(tmp_path, beanstalkd, [f"{web.urls[0]}/p/0"])
-    result = _scrapekit("run", str(path), "--workers", "2", cwd=tmp_path)
+    result = scrapekit("run", str(path), "--workers", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     stored = _stored_urls(tmp_path)
     assert set(stored) == web.all_pages() and set(stored.values()) == {1}
@@ -206,22 +191,22 @@ def test_two_workers_crawl_across_shards_each_page_once_each_domain_by_its_owner
         index = int(worker.rsplit("w", 1)[1])
         assert {shard_of(u, 2) for u in urls} == {index}
     assert not list((tmp_path / "work" / "w" / "out").glob("*/*.part"))  # sealed on stop
-    status = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+    status = json.loads(scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
     assert [w["worker"] for w in status["workers"]] == ["0/2", "1/2"]
     assert status["done"] == len(web.all_pages()) == sum(w["done"] for w in status["workers"])
     assert all(w["stop_reason"] == "done" and not w["running"] for w in status["workers"])
     assert set(status["tubes"]) == {f"w{os.getpid()}.{i}{x}" for i in (0, 1) for x in ("", ".in")}
     assert all(sum(c[k] for k in ("ready", "reserved", "delayed")) == 0 for c in status["tubes"].values())
-    report = _scrapekit("report", str(path), cwd=tmp_path)
+    report = scrapekit("report", str(path), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     page = Path(report.stdout.strip()).read_text()
     top = page.split("<h2>Top domains</h2>", 1)[1].split("</table>", 1)[0]
     hosts = [url.split("//")[1].split(":")[0] for url in web.urls]
     assert all(f"<td>{host}</td><td class=\"n\">{PAGES}</td>" in top for host in hosts), top
     assert f'<td class="n">{len(web.all_pages())}</td>' in page.split("</table>", 1)[0]  # done, all workers
-    again = _scrapekit("run", str(path), "--workers", "3", cwd=tmp_path)
+    again = scrapekit("run", str(path), "--workers", "3", cwd=tmp_path)
     assert again.returncode != 0 and "laid out for 2 workers" in again.stderr and "reshard" in again.stderr
-    single = _scrapekit("run", str(path), cwd=tmp_path)
+    single = scrapekit("run", str(path), cwd=tmp_path)
     assert single.returncode != 0 and "--workers 2" in single.stderr
 
 
@@ -231,10 +216,10 @@ def test_when_one_worker_reaches_its_limit_the_idle_others_finish(tmp_path: Path
         busy, quiet = web.urls
         seeds = [f"{busy}/p/{n}" for n in range(PAGES)] + [f"{quiet}/p/0"]
         path = _recipe(tmp_path, beanstalkd, seeds, crawl=False)
-        result = _scrapekit("run", str(path), "--workers", "2", "--max-requests", "3", cwd=tmp_path, timeout=60)
+        result = scrapekit("run", str(path), "--workers", "2", "--max-requests", "3", cwd=tmp_path, timeout=60)
         assert result.returncode == 0, result.stderr
         assert "idle and another reached its limit" in result.stderr
-        status = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+        status = json.loads(scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
         reasons = sorted(w["stop_reason"] for w in status["workers"])
         assert reasons == ["done", "max_requests"]
         assert status["done"] == 4  # 3 of the busy host's, the quiet host's one
@@ -247,7 +232,7 @@ def test_workers_need_a_beanstalk_queue(tmp_path: Path, web: _Web) -> None:
     path = tmp_path / "l.yaml"
     path.write_text("name: l\nwork_dir: work\nsource: {type: flat_file, path: seeds.txt}\n"
                     "politeness: {allow_private: true, robots: false}\n")
-    result = _scrapekit("run", str(path), "--workers", "2", cwd=tmp_path)
+    result = scrapekit("run", str(path), "--workers", "2", cwd=tmp_path)
     assert result.returncode == 2 and "l.yaml" in result.stderr and "beanstalk" in result.stderr
 
 
@@ -256,16 +241,16 @@ def test_a_worker_killed_with_sigkill_is_started_again_and_nothing_is_lost_or_do
     web = _Web(_hosts(4, 2), delay=0.3)
     try:
         path = _recipe(tmp_path, beanstalkd, [f"{url}/p/0" for url in web.urls])
-        parent = _start("run", str(path), "--workers", "2", cwd=tmp_path)
+        parent = start("run", str(path), "--workers", "2", cwd=tmp_path)
         pid_file = tmp_path / "work" / "w" / "workers" / "1" / "run.pid"
         stats = tmp_path / "work" / "w" / "workers" / "1" / "stats.json"
         wait_for(lambda: stats.exists() and json.loads(stats.read_text()).get("done", 0) >= 2)
         victim = int(pid_file.read_text())
-        live = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+        live = json.loads(scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
         assert live["running"] == 2 and live["workers"][1]["pid"] == victim
         assert all(w["uptime"] is not None and w["uptime"] >= 0 for w in live["workers"])
         assert set(live["tubes"]) == {f"w{os.getpid()}.{i}{x}" for i in (0, 1) for x in ("", ".in")}
-        shown = _scrapekit("status", str(path), cwd=tmp_path).stdout
+        shown = scrapekit("status", str(path), cwd=tmp_path).stdout
         assert "2 of 2 workers running" in shown and f"worker 1/2: pid {victim}" in shown
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() not in ("", str(victim))
@@ -283,7 +268,7 @@ def test_beanstalkd_down_while_workers_run_they_wait_and_resume(tmp_path: Path, 
     web = _Web(_hosts(4, 2), delay=0.3)
     try:
         path = _recipe(tmp_path, beanstalkd, [f"{url}/p/0" for url in web.urls])
-        parent = _start("run", str(path), "--workers", "2", cwd=tmp_path)
+        parent = start("run", str(path), "--workers", "2", cwd=tmp_path)
         stats = tmp_path / "work" / "w" / "workers" / "0" / "stats.json"
         wait_for(lambda: stats.exists() and json.loads(stats.read_text()).get("done", 0) >= 2)
         beanstalkd.kill()
@@ -305,25 +290,25 @@ def test_reshard_from_two_workers_to_three_keeps_every_job_and_the_seen_set(
     try:
         urls = sorted(web.all_pages())
         path = _recipe(tmp_path, beanstalkd, urls, crawl=False)
-        first = _scrapekit("run", str(path), "--workers", "2", "--max-requests", "6", cwd=tmp_path)
+        first = scrapekit("run", str(path), "--workers", "2", "--max-requests", "6", cwd=tmp_path)
         assert first.returncode == 0, first.stderr
         done_before = set(_stored_urls(tmp_path))
         assert 0 < len(done_before) < len(urls)
-        dumped = _scrapekit("dump", str(path), str(tmp_path / "before.jsonl"), cwd=tmp_path)
+        dumped = scrapekit("dump", str(path), str(tmp_path / "before.jsonl"), cwd=tmp_path)
         assert dumped.returncode == 0, dumped.stderr
         queued = {json.loads(line)["request"]["url"] for line in (tmp_path / "before.jsonl").read_text().splitlines()}
         assert queued and not queued & done_before
-        result = _scrapekit("reshard", str(path), "--workers", "3", cwd=tmp_path)
+        result = scrapekit("reshard", str(path), "--workers", "3", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert "from 2 to 3 workers" in result.stdout
         hits_before = Counter(web.hits)
-        rest = _scrapekit("run", str(path), "--workers", "3", cwd=tmp_path)
+        rest = scrapekit("run", str(path), "--workers", "3", cwd=tmp_path)
         assert rest.returncode == 0, rest.stderr
         stored = _stored_urls(tmp_path)
         assert set(stored) == set(urls) and set(stored.values()) == {1}
         assert all(web.hits[u] == 1 for u in done_before) and hits_before == Counter(
             {u: n for u, n in web.hits.items() if u in done_before})  # done pages not fetched again
-        status = json.loads(_scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
+        status = json.loads(scrapekit("status", str(path), "--json", cwd=tmp_path).stdout)
         assert len(status["workers"]) == 3
     finally:
         web.close()
@@ -332,6 +317,6 @@ def test_reshard_from_two_workers_to_three_keeps_every_job_and_the_seen_set(
 def test_supervise_refuses_another_number_of_workers_than_the_layout(tmp_path: Path, beanstalkd: Beanstalkd) -> None:
     path = _recipe(tmp_path, beanstalkd, ["http://127.0.0.2/p/0"])
     claim_layout(tmp_path / "work" / "w", "w", 2)
-    result = _scrapekit("supervise", str(path), "--workers", "3", cwd=tmp_path)
+    result = scrapekit("supervise", str(path), "--workers", "3", cwd=tmp_path)
     assert result.returncode != 0 and "laid out for 2 workers" in result.stderr and "reshard" in result.stderr
     assert not (tmp_path / "work" / "supervisord.conf").exists()
