@@ -111,11 +111,15 @@ class WorkerPool:
         others then finish once they are idle, leaving what others send them for a later run.
         A worker that failed (exit code not 0) stops the others: the run cannot complete.
         """
+        next_progress = time.monotonic() + self.recipe.progress_interval
         while any(child.exit_code is None for child in self.children):
             time.sleep(_POLL)
             now = time.monotonic()
             for child in self.children:
                 self._check(child, now)
+            if now >= next_progress:
+                next_progress = now + self.recipe.progress_interval
+                self._log_progress()
             exited = [child.exit_code for child in self.children if child.exit_code is not None]
             if self._finishing is None and any(code != 0 for code in exited) and not self._signals:
                 log.error("a worker failed; stopping the others", extra=CONSOLE)
@@ -166,6 +170,16 @@ class WorkerPool:
     def _stop_reason(self, child: _Child) -> str:
         stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
         return str(stats.get("stop_reason") or "no stop reason recorded; see its log")
+
+    def _log_progress(self) -> None:
+        """One line for all workers, like a single run's progress line."""
+        snapshots = [stats for child in self.children if (stats := self._current_stats(child)) is not None]
+        totals = {k: sum(int(s.get(k, 0)) for s in snapshots) for k in ("done", "failed", "buried", "items")}
+        rate = sum(float(s.get("rate", 0.0)) for s in snapshots)
+        queued = sum(int((s.get("queue") or {}).get("ready", 0)) for s in snapshots)
+        log.info("progress: %d of %d workers running | done %d failed %d buried %d items %d | %.1f/s | queue %d",
+                 len(snapshots), self.count, totals["done"], totals["failed"], totals["buried"], totals["items"],
+                 rate, queued, extra=CONSOLE)
 
     def _tell_finish(self, child: _Child) -> None:
         child.told = True

@@ -106,7 +106,7 @@ def _recipe(tmp_path: Path, beanstalkd: Beanstalkd, seeds: list[str], crawl: boo
         f"queue: {{type: beanstalk, url: '{beanstalkd.url}', tube: w{os.getpid()}}}\n"
         "fetch: {concurrency: 4, timeout: 10s}\n"
         "politeness: {allow_private: true, robots: false}\n"
-        f"{follow}store: {{type: chunked_tsv}}\nlog: {{stats_interval: 1s}}\n{extra}")
+        f"{follow}store: {{type: chunked_tsv}}\nlog: {{stats_interval: 1s, progress_interval: 1s}}\n{extra}")
     return path
 
 
@@ -258,6 +258,7 @@ def test_a_worker_killed_with_sigkill_is_started_again_and_nothing_is_lost_or_do
         _, err = parent.communicate(timeout=120)
         assert parent.returncode == 0, err
         assert "killed by signal 9" in err and "starting it again" in err
+        assert "workers running | done" in err  # the parent's progress line for all workers
         stored = _stored_urls(tmp_path)
         assert set(stored) == web.all_pages() and set(stored.values()) == {1}
     finally:
