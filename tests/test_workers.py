@@ -227,6 +227,36 @@ def test_when_one_worker_reaches_its_limit_the_idle_others_finish(tmp_path: Path
         web.close()
 
 
+def test_two_machines_each_with_its_own_work_dir_share_one_beanstalkd(
+        tmp_path: Path, beanstalkd: Beanstalkd, web: _Web) -> None:
+    """Workers started by hand, as on two machines: each its own copy of the recipe and its own
+    work directory, only beanstalkd in common. They idle when done, until stopped."""
+    machines = [tmp_path / "a", tmp_path / "b"]
+    workers = []
+    for index, machine in enumerate(machines):
+        machine.mkdir()
+        path = _recipe(machine, beanstalkd, [f"{web.urls[0]}/p/0"])
+        workers.append(start("run", str(path), "--worker", f"{index}/2", cwd=machine))
+    try:
+        wait_for(lambda: set(web.hits) == web.all_pages(), timeout=60)  # chunks are sealed at the stop
+        time.sleep(2)  # the last acks; nothing more comes
+        assert set(web.hits.values()) == {1}
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        codes = [worker.wait(timeout=60) for worker in workers]
+    assert codes == [0, 0]
+    stored = _stored_urls_in(machines)
+    assert set(stored) == web.all_pages() and set(stored.values()) == {1}
+    for index, machine in enumerate(machines):
+        assert {shard_of(u, 2) for u in _stored_urls_in([machine])} == {index}
+        assert not list((machine / "work" / "w" / "out").glob("*/*.part"))  # sealed on stop
+
+
+def _stored_urls_in(machines: list[Path]) -> Counter[str]:
+    return sum((_stored_urls(machine) for machine in machines), Counter())
+
+
 def test_workers_need_a_beanstalk_queue(tmp_path: Path, web: _Web) -> None:
     (tmp_path / "seeds.txt").write_text(f"{web.urls[0]}/p/0\n")
     path = tmp_path / "l.yaml"
