@@ -54,7 +54,7 @@ _OUTBOX = b"q:o:"
 _SENT = b"q:f:"
 _STATE = b"s:"
 _DONE_COUNT = b"q:m:bdone"
-_MAX_BODY = 65_535
+_MAX_BODY = 65_535 - 512  # beanstalkd's default job limit, less room for an inbox job's wrapping
 _PIPELINE = 256  # commands sent in one write before their replies are read (replies stay small)
 _BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -81,7 +81,7 @@ def tube_counts(client: greenstalk.Client[bytes], tube: str) -> dict[str, int]:
 
 
 class _Client(greenstalk.Client[bytes]):
-    """greenstalk's client plus pipelined puts and deletes: many commands in one write, then
+    """greenstalk's client plus pipelined puts, releases and deletes: many commands in one write, then
     their replies in order, instead of one round trip each (a crawl puts ~20 links a page)."""
 
     def put_many(self, jobs: Sequence[tuple[bytes, int, int]], ttr: int) -> list[int]:
