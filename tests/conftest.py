@@ -10,8 +10,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,15 +104,19 @@ def beanstalkd(tmp_path: Path) -> Iterator[Beanstalkd]:
     server.kill(signal.SIGTERM)
 
 
-def scrapekit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m scrapekit ARGS`` run to its end, as a user runs it from ``cwd``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def _env(plugins: Sequence[Path]) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(str(path) for path in (ROOT, *plugins))}
+
+
+def scrapekit(*args: str, cwd: Path, timeout: float = 120, plugins: Sequence[Path] = (),
+              **options: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m scrapekit ARGS`` run to its end, as a user runs it from ``cwd``; ``plugins``
+    are more folders on its PYTHONPATH, ``options`` more arguments of subprocess.run."""
+    return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=_env(plugins),
+                          capture_output=True, text=True, timeout=timeout, **options)
 
 
 def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
     """``python -m scrapekit ARGS`` started in the background, its output captured."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "scrapekit", *args], cwd=cwd, env=_env(()),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

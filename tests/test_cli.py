@@ -4,12 +4,10 @@ restart), status and tail, each in a subprocess against the real site and real L
 from __future__ import annotations
 
 import json
-import os
 import resource
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -152,9 +150,7 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path: Path, site) -> N
     def small_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    full = subprocess.run([sys.executable, "-m", "scrapekit", "run", str(path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    full = scrapekit("run", str(path), cwd=tmp_path, preexec_fn=small_files)
     assert full.returncode == 1
     assert "error: cannot write" in full.stderr and "File too large" in full.stderr
     assert "Traceback" not in full.stderr
@@ -200,11 +196,9 @@ def test_a_broken_part_stops_the_run_with_exit_code_3(tmp_path: Path, site) -> N
     urls = [f"{site.url}/page/{n}?boom" for n in range(200)]
     path = recipe(tmp_path, urls, "parse: {type: 'skplugins:BrokenParser'}\nlimits: {part_errors: 5/1m}\n"
                                   "fetch: {concurrency: 2}\n")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'plugins'}"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return scrapekit(*args, cwd=tmp_path, plugins=[ROOT / "tests" / "plugins"])
 
     result = cli("run", str(path))
     assert result.returncode == 3, result.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scrapekit.stores.chunked import read_tsv
 
-from .conftest import Beanstalkd
+from .conftest import Beanstalkd, scrapekit
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -35,8 +35,7 @@ def start(path: Path, cwd: Path) -> subprocess.Popen[bytes]:
 
 
 def finish(path: Path, cwd: Path) -> None:
-    final = subprocess.run([sys.executable, "-m", "scrapekit", "run", str(path), "--no-console"], cwd=cwd,
-                           env=ENV, capture_output=True, text=True, timeout=300)
+    final = scrapekit("run", str(path), "--no-console", cwd=cwd, timeout=300)
     assert final.returncode == 0, final.stderr
 
 

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from html import unescape
 from html.parser import HTMLParser
@@ -21,7 +20,8 @@ from scrapekit.recipe import load_recipe
 from scrapekit.report import bar_chart, line_chart, render, write_report
 from scrapekit.runner import Runner
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import scrapekit
+
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 VOID = {"meta", "br", "hr", "img", "input", "link", "wbr", "source"}
 
@@ -289,8 +289,7 @@ def reported_run(tmp_path: Path, site: Any) -> tuple[Path, dict[str, Any], subpr
                       "fetch: {concurrency: 2, retries: 0}\nlog: {stats_interval: 1s}\n"
                       "politeness: {allow_private: true, robots: false}\n")
     assert Runner(load_recipe(recipe)).run() == "done"
-    result = subprocess.run([sys.executable, "-m", "scrapekit", "report", str(recipe)], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    result = scrapekit("report", str(recipe), cwd=tmp_path, timeout=60)
     stats = json.loads((tmp_path / "work" / "t" / "stats.json").read_text())
     return tmp_path / "work" / "t" / "report.html", stats, result
 

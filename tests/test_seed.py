@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +20,9 @@ from scrapekit.sources.leveldb import LevelDbQueue
 from scrapekit.state import StateDB
 from scrapekit.stores.chunked import read_tsv
 
-from .conftest import Beanstalkd
+from .conftest import Beanstalkd, scrapekit, start
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture
@@ -113,41 +110,35 @@ def test_dump_and_load_through_the_cli_while_a_run_goes_on(tmp_path: Path, site)
     (tmp_path / "urls.txt").write_text("\n".join(urls) + "\n")
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\npoliteness: {allow_private: true, robots: false}\nfetch: {concurrency: 2}\n")
-    run = subprocess.Popen([sys.executable, "-m", "scrapekit", "run", str(recipe), "--no-console"], cwd=tmp_path,
-                           env=ENV, stderr=subprocess.PIPE)
+    run = start("run", str(recipe), "--no-console", cwd=tmp_path)
     deadline = time.monotonic() + 30
     while not (tmp_path / "work" / "t" / "stats.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    result = subprocess.run([sys.executable, "-m", "scrapekit", "dump", str(recipe), "live.jsonl"], cwd=tmp_path,
-                            env=ENV, capture_output=True, text=True, timeout=60)
+    result = scrapekit("dump", str(recipe), "live.jsonl", cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("dumped ") and "live.jsonl" in result.stdout
     dumped_urls = {json.loads(line)["request"]["url"] for line in (tmp_path / "live.jsonl").read_text().splitlines()}
     assert dumped_urls and dumped_urls <= set(urls)
     extra = tmp_path / "extra.txt"
     extra.write_text(f"{site.url}/page/1\n{urls[0]}\n")
-    loaded = subprocess.run([sys.executable, "-m", "scrapekit", "load", str(recipe), str(extra)], cwd=tmp_path,
-                            env=ENV, capture_output=True, text=True, timeout=60)
+    loaded = scrapekit("load", str(recipe), str(extra), cwd=tmp_path, timeout=60)
     assert loaded.returncode == 0, loaded.stderr
     assert "added 1, skipped 1 already queued or done, 0 bad lines" in loaded.stdout
     assert run.wait(timeout=120) == 0
     rows = [row.url for chunk in (tmp_path / "work" / "t" / "out").glob("*/*.tsv") for row in read_tsv(chunk)]
     assert sorted(rows) == sorted(urls + [f"{site.url}/page/1"])  # the dump disturbed nothing
-    again = subprocess.run([sys.executable, "-m", "scrapekit", "dump", str(recipe)], cwd=tmp_path, env=ENV,
-                           capture_output=True, text=True, timeout=60)
+    again = scrapekit("dump", str(recipe), cwd=tmp_path, timeout=60)
     assert again.returncode == 0 and again.stdout.startswith("dumped 0 jobs to ") and "/seed/" in again.stdout
 
 
 def test_kick_command_brings_buried_jobs_back(tmp_path: Path, site, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "urls.txt").write_text(f"{site.url}/page/1?boom\n{site.url}/page/2?boom\n")
     recipe = tmp_path / "r.yaml"
-    plugins = str(ROOT / "tests" / "plugins")
+    plugins = ROOT / "tests" / "plugins"
     recipe.write_text("name: t\nsource: {type: flat_file, path: urls.txt}\nparse: {type: 'skplugins:BrokenParser'}\npoliteness: {allow_private: true, robots: false}\n")
-    env = {**ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{plugins}"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scrapekit", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        return scrapekit(*args, cwd=tmp_path, timeout=60, plugins=[plugins])
 
     assert cli("run", str(recipe), "--no-console").returncode == 0
     assert json.loads(cli("status", str(recipe), "--json").stdout)["buried"] == 2
