@@ -19,12 +19,12 @@ from .errors import CIRCUIT_BREAKER_EXIT, AlreadyRunning, RecipeError, Scrapekit
 from .recipe import PartSpec, Recipe, load_recipe, options_of
 from .report import write_report
 from .runner import Runner, build
-from .seed import dump_path, join_dumps
+from .seed import dump_path
 from .shards import Shard, claim_layout, read_layout, worker_dir, workers_dir
 from .state import RunLock, StateDB, running_pid
 from .stats import read_json
 from .units import format_size, utc_text
-from .workers import WorkerPool
+from .workers import WorkerPool, dump_workers
 from .workers import reshard as reshard_run
 from .workers import status as workers_status
 
@@ -382,13 +382,12 @@ def dump(recipe: str, file: str | None) -> None:
     r = _recipe(recipe)
     path = Path(file).resolve() if file else dump_path(r.home)
     try:
-        each = _each_worker(r)
-        if len(each) == 1:
+        workers = read_layout(r.home)
+        if workers is None:
             result = _queue_command(r, {"command": "dump", "path": str(path)})
         else:
-            parts = [path.with_name(f"{path.name}.{i}") for i in range(len(each))]
-            count = sum(_queue_command(w, {"command": "dump", "path": str(part)})["count"] for w, part in zip(each, parts))
-            join_dumps(parts, path)
+            count = dump_workers(workers, path, lambda shard, part: int(
+                _queue_command(r.for_worker(shard), {"command": "dump", "path": str(part)})["count"]))
             result = {"count": count, "path": str(path)}
     except ScrapekitError as exc:
         _fail(exc)

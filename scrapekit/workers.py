@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,12 +279,19 @@ hashes and unique-item marks. Resharding gives every new worker all of them."""
 
 
 @contextmanager
+def _worker_state(recipe: Recipe, index: int) -> Iterator[StateDB]:
+    """Worker ``index``'s LevelDB, opened under its run lock (so never while it runs)."""
+    directory = worker_dir(recipe.home, index)
+    with RunLock(directory / "run.pid", f"{recipe.name} worker {index}"), StateDB(directory / "state") as state:
+        yield state
+
+
+@contextmanager
 def _worker_queue(recipe: Recipe, shard: Shard) -> Iterator[BeanstalkQueue]:
     from .runner import build
 
     worker = recipe.for_worker(shard)
-    with RunLock(worker.run_dir / "run.pid", f"{recipe.name} worker {shard}"), \
-            StateDB(worker.run_dir / "state") as state:
+    with _worker_state(recipe, shard.index) as state:
         queue = build(worker.queue, worker, state=state, name=recipe.name, shard=shard)
         try:
             yield queue
@@ -315,7 +322,7 @@ def reshard(recipe: Recipe, count: int) -> dict[str, Any]:
         raise ScrapekitError(f"{recipe.name} is laid out for {count} workers already")
     if saved is None:
         dump = run_dir / "seed" / f"reshard-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{old}-to-{count}.jsonl"
-        jobs = _dump_all(recipe, old, dump)
+        jobs = dump_workers(old, dump, lambda shard, part: _dump_offline(recipe, shard, part))
         marker.write_text(json.dumps({"dump": str(dump), "from": old, "to": count, "jobs": jobs}))
         for i in range(old):
             with _worker_queue(recipe, Shard(i, old)) as queue:
@@ -331,19 +338,18 @@ def reshard(recipe: Recipe, count: int) -> dict[str, Any]:
     return {"from": old, "to": count, "dump": str(dump), "jobs": jobs, **loaded}
 
 
-def _dump_all(recipe: Recipe, count: int, path: Path) -> int:
-    """Every worker's jobs (their inboxes taken in first) in one dump file."""
-    parts = []
-    total = 0
-    for i in range(count):
-        with _worker_queue(recipe, Shard(i, count)) as queue:
-            while queue.intake():
-                pass
-            part = path.with_name(f"{path.name}.{i}")
-            total += write_dump(queue, part)
-            parts.append(part)
+def dump_workers(count: int, path: Path, dump_one: Callable[[Shard, Path], int]) -> int:
+    """Every worker's jobs in one dump file at ``path``: ``dump_one(shard, part)`` writes one
+    worker's part and says how many jobs it holds. Returns the total."""
+    parts = [path.with_name(f"{path.name}.{i}") for i in range(count)]
+    total = sum(dump_one(Shard(i, count), part) for i, part in enumerate(parts))
     join_dumps(parts, path)
     return total
+
+
+def _dump_offline(recipe: Recipe, shard: Shard, part: Path) -> int:
+    with _worker_queue(recipe, shard) as queue:
+        return write_dump(queue, part)
 
 
 def _share_seen(recipe: Recipe, old: int, count: int) -> None:
@@ -351,18 +357,17 @@ def _share_seen(recipe: Recipe, old: int, count: int) -> None:
     position (it reads the source again; keys queued or done are skipped)."""
     run_dir = recipe.home
     for i in range(old):
-        with RunLock(worker_dir(run_dir, i) / "run.pid", recipe.name), StateDB(worker_dir(run_dir, i) / "state") as src:
+        with _worker_state(recipe, i) as src:
             for j in range(count):
                 if j == i:
                     continue
-                with RunLock(worker_dir(run_dir, j) / "run.pid", recipe.name), \
-                        StateDB(worker_dir(run_dir, j) / "state") as dst, dst.db.write_batch() as batch:
+                with _worker_state(recipe, j) as dst, dst.db.write_batch() as batch:
                     for prefix in _SEEN_PREFIXES:
                         for key, value in src.db.iterator(prefix=prefix):
                             batch.put(key, value)
     for j in range(count):
-        with RunLock(worker_dir(run_dir, j) / "run.pid", recipe.name), StateDB(worker_dir(run_dir, j) / "state") as db:
-            db.db.delete(b"s:source")
+        with _worker_state(recipe, j) as state:
+            state.db.delete(b"s:source")
     for i in range(count, old):
         retired = workers_dir(run_dir) / f"retired-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{i}"
         worker_dir(run_dir, i).rename(retired)

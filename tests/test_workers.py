@@ -175,6 +175,19 @@ def test_a_request_of_another_shard_goes_to_its_owners_inbox_once(tmp_path: Path
         q1.close()
 
 
+def test_a_dump_holds_the_jobs_still_in_the_inbox(tmp_path: Path, beanstalkd: Beanstalkd) -> None:
+    mine, theirs = (f"http://{h}/p/1" for h in _hosts(2, 2))
+    url = BeanstalkUrl(beanstalkd.url)
+    with StateDB(tmp_path / "s0") as s0, StateDB(tmp_path / "s1") as s1:
+        q0 = BeanstalkQueue(s0, url, tube="d", shard=Shard(shard_of(mine, 2), 2))
+        q1 = BeanstalkQueue(s1, url, tube="d", shard=Shard(shard_of(theirs, 2), 2))
+        assert q0.put(Request(theirs)) and q1.counts()["inbox"] == 1
+        assert [record["request"]["url"] for record in q1.dump()] == [theirs]
+        assert q1.counts()["inbox"] == 0 and q1.counts()["ready"] == 1  # taken in, still queued
+        q0.close()
+        q1.close()
+
+
 # -- the parent and its workers ----------------------------------------------------------------
 
 def test_two_workers_crawl_across_shards_each_page_once_each_domain_by_its_owner(

@@ -383,7 +383,10 @@ class BeanstalkQueue:
             yield dict(json.loads(raw))
 
     def dump(self) -> Iterator[dict[str, Any]]:
-        """Every queued job as a dump record; beanstalkd is only asked, never disturbed."""
+        """Every queued job as a dump record; beanstalkd is only asked, never disturbed, but for
+        a worker's inbox, which is taken in first so its jobs are in the dump too."""
+        while self.intake():
+            pass
         for request, job_id in self.queued():
             stats = self.job_stats(job_id) if job_id is not None else None
             state = str(stats["state"]) if stats else "ready"
