@@ -83,8 +83,12 @@ class WorkerPool:
         return self._exit_code()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
         log.warning("stopping the workers (signal %d)", signum, extra=CONSOLE)
+        self._stop_all()
+
+    def _stop_all(self) -> None:
+        """SIGTERM to every running worker (a second call stops them at once, without grace)."""
+        self._signals += 1
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -123,7 +127,7 @@ class WorkerPool:
             exited = [child.exit_code for child in self.children if child.exit_code is not None]
             if self._finishing is None and any(code != 0 for code in exited) and not self._signals:
                 log.error("a worker failed; stopping the others", extra=CONSOLE)
-                self._on_signal(signal.SIGTERM, None)
+                self._stop_all()
             elif self._finishing is None and not self._signals and not exited and self._all_done():
                 self._finishing = now
                 log.info("every worker read its source and no job is left in any tube: finishing", extra=CONSOLE)
@@ -154,11 +158,11 @@ class WorkerPool:
             if now - child.started > _STEADY:
                 child.restarts = 0
             return
-        child.process = None
+        pid, child.process = child.process.pid, None
         if code >= 0 or self._signals or self._finishing is not None or child.told:
             child.exit_code = code
             level = logging.INFO if code == 0 else logging.ERROR
-            log.log(level, "worker %s exited with code %d (%s)", child.shard, code, self._stop_reason(child),
+            log.log(level, "worker %s exited with code %d (%s)", child.shard, code, self._stop_reason(child, pid),
                     extra=CONSOLE)
             return
         wait = _RESTART_BACKOFF[min(child.restarts, len(_RESTART_BACKOFF) - 1)]
@@ -167,9 +171,17 @@ class WorkerPool:
         log.error("worker %s was killed by signal %d; starting it again in %.0fs", child.shard, -code, wait,
                   extra=CONSOLE)
 
-    def _stop_reason(self, child: _Child) -> str:
-        stats = read_json(worker_dir(self.recipe.home, child.shard.index) / "stats.json") or {}
-        return str(stats.get("stop_reason") or "no stop reason recorded; see its log")
+    def _stop_reason(self, child: _Child, pid: int) -> str:
+        """Its stop reason, or when it stopped before recording one, the last line it printed."""
+        directory = worker_dir(self.recipe.home, child.shard.index)
+        stats = read_json(directory / "stats.json") or {}
+        if stats.get("pid") == pid and stats.get("stop_reason"):
+            return str(stats["stop_reason"])
+        try:
+            said = [line for line in (directory / "log" / "worker.out").read_text(errors="replace").splitlines() if line]
+        except OSError:
+            said = []
+        return said[-1] if said else "no stop reason recorded; see its log"
 
     def _log_progress(self) -> None:
         """One line for all workers, like a single run's progress line."""

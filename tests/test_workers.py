@@ -270,6 +270,19 @@ def _stored_urls_in(machines: list[Path]) -> Counter[str]:
     return sum((_stored_urls(machine) for machine in machines), Counter())
 
 
+def test_workers_that_cannot_start_say_why_and_the_run_stops(tmp_path: Path) -> None:
+    from .conftest import free_port
+
+    (tmp_path / "seeds.txt").write_text("http://127.0.0.2/p/0\n")
+    path = tmp_path / "d.yaml"
+    path.write_text("name: d\nwork_dir: work\nsource: {type: flat_file, path: seeds.txt}\n"
+                    f"queue: {{type: beanstalk, url: 'beanstalk://127.0.0.1:{free_port()}'}}\n"
+                    "politeness: {allow_private: true, robots: false}\n")
+    result = scrapekit("run", str(path), "--workers", "2", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    assert "worker 0/2 exited with code 1 (error: cannot reach beanstalkd at beanstalk://127.0.0.1:" in result.stderr
+
+
 def test_workers_need_a_beanstalk_queue(tmp_path: Path, web: _Web) -> None:
     (tmp_path / "seeds.txt").write_text(f"{web.urls[0]}/p/0\n")
     path = tmp_path / "l.yaml"
